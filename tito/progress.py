@@ -1,0 +1,100 @@
+"""Per-user progress: which modules a student has started and completed.
+
+Stored as JSON in the edition's state folder (`.tito/progress.json`, ignored by git). The file has
+a schema version, is written atomically (temporary file + `os.replace`), and a corrupt or unknown
+file is reported and moved aside, never silently reset.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+FILE_NAME = "progress.json"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+@dataclass
+class Progress:
+    path: Path
+    modules: dict[str, dict] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> "Progress":
+        path = state_dir / FILE_NAME
+        if not path.exists():
+            return cls(path)
+        problem = None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("modules"), dict):
+                problem = "it is not a progress file (no 'modules' table)"
+            elif data.get("schema_version") != SCHEMA_VERSION:
+                problem = f"its schema_version is {data.get('schema_version')!r}; this tito reads version {SCHEMA_VERSION}"
+        except (ValueError, UnicodeDecodeError) as e:
+            problem = f"it is not valid JSON ({e})"
+        if problem is None:
+            return cls(path, {str(k): v for k, v in data["modules"].items() if isinstance(v, dict)})
+        backup = path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while backup.exists():
+            backup = backup.with_name(f"{backup.name}-{n}")
+            n += 1
+        os.replace(path, backup)
+        return cls(path, {}, [
+            f"progress file {path} could not be read: {problem}. It was moved to {backup} and a new one "
+            f"started. Your notebooks and exported code are untouched; run `tito module complete NN` "
+            f"again for the modules you had finished to record them."
+        ])
+
+    def save(self) -> None:
+        data = {"schema_version": SCHEMA_VERSION, "modules": dict(sorted(self.modules.items()))}
+        atomic_write_text(self.path, json.dumps(data, indent=2) + "\n")
+
+    def entry(self, number: str) -> dict:
+        return self.modules.setdefault(number, {})
+
+    def is_completed(self, number: str) -> bool:
+        return bool(self.modules.get(number, {}).get("completed"))
+
+    def is_started(self, number: str) -> bool:
+        return bool(self.modules.get(number, {}).get("started"))
+
+    def mark_started(self, number: str) -> None:
+        self.entry(number).setdefault("started", _now())
+
+    def mark_completed(self, number: str, score: float | None = None, max_score: float | None = None) -> None:
+        e = self.entry(number)
+        e.setdefault("started", _now())
+        e["completed"] = _now()
+        if score is not None:
+            e["score"], e["max_score"] = score, max_score
+
+    def mark_incomplete(self, number: str) -> None:
+        self.entry(number).pop("completed", None)
