@@ -1,0 +1,34 @@
+"""Shared test setup: the edition root, and the plugin that names exercises in failures."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+pytest_plugins = ["tito.pytest_plugin"]
+
+
+def pytest_report_header(config):
+    import tinytorch
+
+    return f"tinytorch under test: {Path(tinytorch.__file__).parent}"
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture
+def python_env():
+    """Environment for subprocesses: this edition's packages first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["MPLBACKEND"] = "Agg"
+    return env

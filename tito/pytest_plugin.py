@@ -1,0 +1,135 @@
+"""pytest plugin: report failures as the exercise and the function a student must fix.
+
+Tests are marked `@pytest.mark.exercise("1.4", "Tensor.matmul")` (and files with
+`pytestmark = pytest.mark.module("01")`). With this plugin:
+
+- a test that fails because a stub raised `NotImplementedError` is reported in one line,
+  `Exercise 1.4 (Tensor.matmul): not implemented yet: Tensor.matmul`, not as a traceback wall;
+- every other failure gets a first line naming the exercise and function;
+- `--exercise 1.4` runs only that exercise's tests; `--tito-report FILE` writes a JSON summary
+  that `tito test` reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("tito")
+    group.addoption("--exercise", action="append", default=[], help="run only the tests of this exercise (e.g. 1.4)")
+    group.addoption("--tito-report", default=None, help="write a JSON summary of results to this file")
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = config.getoption("--exercise")
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        m = item.get_closest_marker("exercise")
+        (keep if m and m.args and str(m.args[0]) in wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+def _exercise(item) -> tuple[str, str]:
+    m = item.get_closest_marker("exercise")
+    if not m:
+        return "", ""
+    number = str(m.args[0]) if m.args else ""
+    function = str(m.args[1]) if len(m.args) > 1 else m.kwargs.get("function", "")
+    return number, function
+
+
+def _not_implemented_function(excinfo) -> str | None:
+    """Qualified name of the function whose stub raised NotImplementedError, if that is the failure."""
+    exc = excinfo.value
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotImplementedError):
+            tb = exc.__traceback__
+            if tb is None:
+                return "(unknown function)"
+            while tb.tb_next is not None:
+                tb = tb.tb_next
+            return tb.tb_frame.f_code.co_qualname
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        else:
+            exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    number, function = _exercise(item)
+    rep.tito_exercise, rep.tito_function, rep.tito_reason = number, function, ""
+    if not rep.failed or call.excinfo is None:
+        return
+    header = f"Exercise {number} ({function})" if number else item.nodeid
+    missing = _not_implemented_function(call.excinfo)
+    if missing:
+        rep.tito_reason = f"not implemented yet: {missing}"
+        rep.longrepr = f"{header}: {rep.tito_reason}"
+    else:
+        msg = call.excinfo.exconly().strip().splitlines()
+        rep.tito_reason = msg[0][:500] if msg else "failed"
+        if number:
+            rep.sections.insert(0, ("what to fix", f"{header}: {rep.tito_reason}"))
+
+
+class _Collector:
+    def __init__(self, path: Path):
+        self.path, self.results = path, {}
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" and not (report.failed or report.skipped):
+            return
+        prev = self.results.get(report.nodeid)
+        if prev and prev["outcome"] == "failed":
+            return
+        self.results[report.nodeid] = {
+            "nodeid": report.nodeid,
+            "outcome": report.outcome,
+            "when": report.when,
+            "exercise": getattr(report, "tito_exercise", ""),
+            "function": getattr(report, "tito_function", ""),
+            "reason": getattr(report, "tito_reason", ""),
+        }
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"exitstatus": int(exitstatus), "tests": list(self.results.values())}, f, indent=1)
+        os.replace(tmp, self.path)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "module(nn): tests of one course module")
+    config.addinivalue_line("markers", "exercise(number, function): the notebook exercise a test checks")
+    path = config.getoption("--tito-report")
+    if path:
+        config.pluginmanager.register(_Collector(Path(path)), "tito-report")
+
+
+def pytest_terminal_summary(terminalreporter):
+    missing = {}
+    for rep in terminalreporter.stats.get("failed", []):
+        reason = getattr(rep, "tito_reason", "")
+        if reason.startswith("not implemented yet"):
+            missing.setdefault(reason.split(": ", 1)[1], 0)
+            missing[reason.split(": ", 1)[1]] += 1
+    if missing:
+        terminalreporter.section("not implemented yet")
+        for fn, n in sorted(missing.items()):
+            terminalreporter.write_line(f"{fn}  ({n} test{'s' if n > 1 else ''})")
