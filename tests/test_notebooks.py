@@ -33,19 +33,6 @@ def make_edition_copy(dest: Path, with_modules: bool = True) -> Path:
     return dest
 
 
-def solution_only_lines(nb) -> set[str]:
-    """Distinctive lines (30+ characters) that occur only inside solution regions of `nb`."""
-    inside, outside = set(), []
-    for cell in nb.cells:
-        regions = nbs.solution_regions(cell.source)
-        region_lines = {ln for _, lines in regions for ln in lines}
-        for _, lines in regions:
-            inside.update(ln.strip() for ln in lines if len(ln.strip()) >= 30)
-        outside.extend(ln for ln in cell.source.splitlines() if ln not in region_lines)
-    rest = "\n".join(outside)
-    return {ln for ln in inside if ln not in rest}
-
-
 def test_there_are_modules():
     assert MODULES and MODULES[0].slug == "01_tensor"
 
@@ -103,9 +90,9 @@ def test_source_executes_with_every_test_passing(module):
 def test_release_exports_imports_and_fails_its_tests(module, tmp_path):
     source = nbs.read(module.notebook)
     rel = nbs.release(source)
-    text = nbs.nbformat.writes(rel)
+    text = "\n".join(c.source for c in rel.cells)
     assert nbs.BEGIN_SOLUTION not in text and nbs.BEGIN_HIDDEN not in text
-    for line in solution_only_lines(source):
+    for line in nbs.solution_only_lines(source):
         assert line not in text, f"solution line leaked into the release: {line}"
 
     edition = make_edition_copy(tmp_path / "edition", with_modules=False)

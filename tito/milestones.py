@@ -92,23 +92,9 @@ class Missing:
                 f"then run `tito module complete {m.number}`")
 
 
-@dataclass
-class Readiness:
-    milestone: Milestone | None
-    modules: list[str]  # every module checked, in number order
-    missing: list[Missing]
-
-    @property
-    def ready(self) -> bool:
-        return not self.missing
-
-    def message(self, root: Path, subject: str | None = None) -> str:
-        what = subject or (f"milestone {self.milestone.name!r} ({self.milestone.year})" if self.milestone
-                           else "this script")
-        if self.ready:
-            return f"{what} is ready: modules {', '.join(self.modules)} are exported and implemented"
-        return "\n".join([f"{what} needs modules that are not finished yet:",
-                          *(m.explain(root) for m in self.missing)])
+def explain(root: Path, missing: list[Missing], subject: str = "this script") -> str:
+    """The message for a refused run: each unfinished module, what is left in it, and the fix."""
+    return "\n".join([f"{subject} needs modules that are not finished yet:", *(m.explain(root) for m in missing)])
 
 
 def _literal_constants(path: Path) -> dict[str, object]:
@@ -181,8 +167,9 @@ def get(root: Path, ref: str) -> Milestone:
     raise CourseError(f"unknown milestone {ref!r}; milestones in this course: {known}")
 
 
-def check_modules(root: Path, numbers, milestone: Milestone | None = None) -> Readiness:
-    """Readiness of modules `numbers` and everything they depend on (module.toml prerequisites)."""
+def check_modules(root: Path, numbers) -> list[Missing]:
+    """Which of modules `numbers`, and the modules they depend on (module.toml prerequisites), are
+    not exported or still hold stubs; in number order, empty when all are ready."""
     by_number = {m.number: m for m in load_modules(root)}
     wanted = {str(n).zfill(2) for n in numbers}
     for n in list(wanted):
@@ -197,12 +184,12 @@ def check_modules(root: Path, numbers, milestone: Milestone | None = None) -> Re
         stubs = module_stubs(root, module)
         if stubs:
             missing.append(Missing(n, module, stubs))
-    return Readiness(milestone, sorted(wanted), missing)
+    return missing
 
 
-def readiness(root: Path, milestone: Milestone) -> Readiness:
-    """Which modules `milestone` needs that are not exported or still hold stubs."""
-    return check_modules(root, milestone.needs, milestone)
+def readiness(root: Path, milestone: Milestone) -> list[Missing]:
+    """The modules `milestone` needs that are not exported or still hold stubs: empty when it can run."""
+    return check_modules(root, milestone.needs)
 
 
 def require(*numbers: str, root: Path | None = None) -> None:
@@ -212,18 +199,13 @@ def require(*numbers: str, root: Path | None = None) -> None:
     `root`, else `$TITO_ROOT`, else the folder above the calling script (or the working directory).
     """
     caller = sys._getframe(1).f_globals.get("__file__")
-    if root is None:
-        start = Path(caller).resolve().parent if caller else None
-        try:
-            root = find_root(start)
-        except CourseError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
     try:
-        status = check_modules(root, numbers)
+        if root is None:
+            root = find_root(Path(caller).resolve().parent if caller else None)
+        missing = check_modules(root, numbers)
     except CourseError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if not status.ready:
-        print(status.message(root, Path(caller).name if caller else None), file=sys.stderr)
+    if missing:
+        print(explain(root, missing, Path(caller).name if caller else "this script"), file=sys.stderr)
         raise SystemExit(2)

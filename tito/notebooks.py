@@ -334,3 +334,29 @@ def generated_files(lib: Path) -> dict[str, str]:
 
 def notebook_json(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[str]:
+    """Distinctive lines that occur only inside the solution regions of `nb` (to detect leaks)."""
+    inside, outside = set(), []
+    for cell in nb.cells:
+        regions = solution_regions(cell.source)
+        region_lines = {ln for _, lines in regions for ln in lines}
+        for _, lines in regions:
+            inside.update(ln.strip() for ln in lines if len(ln.strip()) >= min_length)
+        outside.extend(ln for ln in cell.source.splitlines() if ln not in region_lines)
+    rest = "\n".join(outside)
+    return {ln for ln in inside if ln not in rest}
+
+
+def all_text(path: Path) -> str:
+    """The text a person would read in a file: cell sources for a notebook, the file otherwise."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix == ".ipynb":
+        try:
+            nb = nbformat.reads(text, as_version=4)
+            return "\n".join(c.source for c in nb.cells)
+        except Exception:
+            return text
+    return text

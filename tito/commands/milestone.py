@@ -1,28 +1,44 @@
 """`tito milestone`: list the milestone scripts and run one with the student's own `tinytorch`."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tito import milestones as ms
-from tito.course import find_root
+from tito.course import CourseError, find_root
 
 app = typer.Typer(
     help="Milestones: historic models rebuilt with your own tinytorch (1957 perceptron onwards).",
     no_args_is_help=True,
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+def user_errors(fn):
+    """A CourseError is printed as one message (no traceback) and exits with code 2, as in tito.main."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CourseError as e:
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}")
+            raise typer.Exit(2)
+
+    return wrapper
 
 
 @app.command("list")
+@user_errors
 def list_() -> None:
     """Show every milestone, the modules it needs and whether yours are ready."""
+    console = Console()
     root = find_root()
     found = ms.discover(root)
     if not found:
@@ -35,15 +51,17 @@ def list_() -> None:
     table.add_column("needs")
     table.add_column("status")
     for m in found:
-        status = ms.readiness(root, m)
-        cell = ("[green]ready[/green]" if status.ready
-                else "[yellow]needs " + ", ".join(x.short() for x in status.missing) + "[/yellow]")
-        table.add_row(m.name, str(m.year), f"{m.title}\n[dim]target: {m.target}[/dim]", " ".join(m.needs), cell)
+        missing = ms.readiness(root, m)
+        cell = ("[yellow]needs " + escape(", ".join(x.short() for x in missing)) + "[/yellow]" if missing
+                else "[green]ready[/green]")
+        table.add_row(escape(m.name), str(m.year), f"{escape(m.title)}\n[dim]target: {escape(m.target)}[/dim]",
+                      " ".join(m.needs), cell)
     console.print(table)
     console.print("run one with [bold]tito milestone run NAME[/bold]; options after NAME go to the script")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
 def run(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="milestone name (see `tito milestone list`), script name or year"),
@@ -55,9 +73,10 @@ def run(
     """
     root = find_root()
     milestone = ms.get(root, name)
-    status = ms.readiness(root, milestone)
-    if not status.ready:
-        err_console.print(status.message(root), markup=False, highlight=False)
+    missing = ms.readiness(root, milestone)
+    if missing:
+        message = ms.explain(root, missing, f"milestone {milestone.name!r} ({milestone.year})")
+        Console(stderr=True).print(message, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
@@ -66,7 +85,8 @@ def run(
     if args[:1] == ["--"]:
         args = args[1:]
     cmd = [sys.executable, str(milestone.script), *args]
-    console.print(f"[dim]$ {' '.join(cmd)}[/dim]", highlight=False)
+    Console().print(f"[dim]$ {escape(' '.join(cmd))}[/dim]", highlight=False, soft_wrap=True)
+    sys.stdout.flush()  # our line first, then the script's
     # Output is not captured: the script writes straight to this terminal (progress bars included).
     proc = subprocess.Popen(cmd, cwd=root, env=env)
     try:
