@@ -11,9 +11,10 @@ with `ast` (a script is never imported just to be listed)::
     TARGET = "100% training accuracy within 50 epochs on a linearly separable set"
 
 A needed module is *ready* when its exported package file exists and no function in it still holds
-the nbgrader stub. Scripts call `require("01", "02", "03")` before importing `tinytorch` pieces, so a
-student who has not finished a module gets a message naming what to finish instead of a
-`NotImplementedError` from the middle of a training loop.
+the nbgrader stub; `readiness(root, milestone)` lists the modules that are not (empty: it can run).
+Scripts call `require("01", "02", "03")` before importing `tinytorch` pieces, so a student who has
+not finished a module gets a message naming what to finish and the command that records it,
+instead of a `NotImplementedError` from the middle of a training loop.
 """
 from __future__ import annotations
 
@@ -45,14 +46,10 @@ class Milestone:
     target: str
     script: Path
 
-    @property
-    def label(self) -> str:
-        return f"{self.year} {self.name}"
-
 
 @dataclass
 class Missing:
-    """A module a milestone needs that is not ready."""
+    """A module a milestone needs that is not ready: absent, not exported, or with stubs left."""
 
     number: str
     module: Module | None  # None: no such module in this course
@@ -115,7 +112,7 @@ def _literal_constants(path: Path) -> dict[str, object]:
             continue
         try:
             found[name] = ast.literal_eval(value)
-        except ValueError:
+        except (ValueError, TypeError, SyntaxError):
             raise CourseError(
                 f"milestone script {path}: {name} on line {node.lineno} must be a literal "
                 f"({FIELDS[name][1]}), because tito reads it without running the script"

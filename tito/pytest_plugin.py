@@ -120,6 +120,18 @@ def pytest_configure(config):
     path = config.getoption("--tito-report")
     if path:
         config.pluginmanager.register(_Collector(Path(path)), "tito-report")
+        _quiet_hypothesis()
+
+
+def _quiet_hypothesis():
+    """Under `tito test`, a failing property test reports its first failure instead of shrinking it."""
+    try:
+        from hypothesis import Phase, settings
+    except ImportError:
+        return
+    settings.register_profile("tito", database=None, print_blob=False,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("tito")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -57,9 +57,23 @@ def init(root: Path, dest: Path, force: bool = False, log=print) -> Path:
         if not force:
             raise CourseError(f"{dest} exists and is not empty; choose a new folder or pass --force to replace it")
         shutil.rmtree(dest)
+    final = dest
+    dest = final.with_name(f".{final.name}.partial")
+    if dest.exists():
+        shutil.rmtree(dest)
+    try:
+        _build(root, dest, log)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    os.replace(dest, final)
+    return final
+
+
+def _build(root: Path, dest: Path, log) -> None:
     modules = load_modules(root)
     notebooks = {str(m.notebook.relative_to(root)) for m in modules}
-    dest.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True)
 
     copied = 0
     for rel in tracked_files(root):
@@ -105,10 +119,8 @@ def init(root: Path, dest: Path, force: bool = False, log=print) -> Path:
 
     leaks = find_leaks(dest, all_solution_lines)
     if leaks:
-        shutil.rmtree(dest)
         raise CourseError("solution text would leak into the student edition (nothing was written):\n"
                           + "\n".join(f"  {f}: {line}" for f, line in leaks[:10]))
-    return dest
 
 
 def find_leaks(dest: Path, solution_lines: set[str]) -> list[tuple[str, str]]:

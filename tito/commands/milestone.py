@@ -49,7 +49,7 @@ def list_() -> None:
     table.add_column("year", justify="right")
     table.add_column("title")
     table.add_column("needs")
-    table.add_column("status")
+    table.add_column("status", overflow="fold")
     for m in found:
         missing = ms.readiness(root, m)
         cell = ("[yellow]needs " + escape(", ".join(x.short() for x in missing)) + "[/yellow]" if missing
@@ -70,6 +70,7 @@ def run(
 
     Options after NAME go to the script, e.g. `tito milestone run perceptron --epochs 20`.
     Put `--` before script options that tito also knows: `tito milestone run perceptron -- --help`.
+    The script runs in the edition root: relative paths in its options are relative to that folder.
     """
     root = find_root()
     milestone = ms.get(root, name)

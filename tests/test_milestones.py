@@ -1,0 +1,312 @@
+"""Milestones: discovery from literal headers, readiness checks that name unfinished functions, and
+the 1957 perceptron run end to end with this edition's tinytorch."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tito import milestones as ms
+from tito.commands.milestone import app
+from tito.course import CourseError, Settings, get_module
+
+ROOT = Path(__file__).resolve().parents[1]
+PERCEPTRON = ROOT / "milestones" / "perceptron_1957.py"
+IS_STUDENT = Settings.load(ROOT).edition == "student"
+
+
+def env_for(*paths: Path, **extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("TITO_ROOT", None)
+    env.update(extra)
+    return env
+
+
+def write_milestone(folder: Path, filename: str, header: str, body: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    path.write_text(textwrap.dedent(header) + textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+HEADER = '''\
+    """A fake milestone."""
+    NAME = "{name}"
+    YEAR = {year}
+    TITLE = "fake {name}"
+    NEEDS = {needs}
+    TARGET = "some target"
+    '''
+
+
+def require_modules_authored(*numbers):
+    """Skip while a needed module is not written yet (the course grows module by module)."""
+    for n in numbers:
+        try:
+            get_module(ROOT, n)
+        except CourseError:
+            pytest.skip(f"module {n} is not in this course yet")
+
+
+# ------------------------------------------------------------------ discovery
+
+
+def test_real_milestones_are_discovered():
+    found = {m.name: m for m in ms.discover(ROOT)}
+    assert "perceptron" in found, f"expected the perceptron in {ROOT / 'milestones'}; found {sorted(found)}"
+    p = found["perceptron"]
+    assert (p.year, p.needs, p.script) == (1957, ("01", "02", "03"), PERCEPTRON), p
+    assert "100%" in p.target and p.title
+    for m in found.values():
+        doc = ast.get_docstring(ast.parse(m.script.read_text(encoding="utf-8")))
+        assert doc and len(doc.split(". ")) >= 3, f"{m.script.name} needs a docstring telling its history"
+    assert ms.get(ROOT, "perceptron") == ms.get(ROOT, "perceptron_1957") == ms.get(ROOT, "1957") == p
+
+
+def test_perceptron_target_numbers_match_its_text():
+    tree = ast.parse(PERCEPTRON.read_text(encoding="utf-8"))
+    consts = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
+              if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+              and n.targets[0].id in ("TARGET", "TARGET_ACCURACY", "TARGET_EPOCHS")}
+    assert f"{consts['TARGET_ACCURACY']:.0%}" in consts["TARGET"], consts
+    assert f"within {consts['TARGET_EPOCHS']} epochs" in consts["TARGET"], consts
+
+
+def test_discover_reads_headers_without_importing(tmp_path):
+    folder = tmp_path / "milestones"
+    marker = tmp_path / "imported"
+    body = f"\nopen({str(marker)!r}, 'w').write('the script was run')\nraise SystemExit(3)\n"
+    write_milestone(folder, "xor_1969.py", HEADER.format(name="xor", year=1969, needs='[1, "2", "08"]'), body)
+    write_milestone(folder, "perceptron_1957.py", HEADER.format(name="perceptron", year=1957, needs='["01"]'), body)
+    write_milestone(folder, "_shared.py", "HELPER = True\n")  # helpers start with _ and are not milestones
+    found = ms.discover(tmp_path)
+    assert [(m.name, m.year, m.needs) for m in found] == [
+        ("perceptron", 1957, ("01",)),
+        ("xor", 1969, ("01", "02", "08")),
+    ]
+    assert found[1].title == "fake xor" and found[1].target == "some target"
+    assert found[1].script == folder / "xor_1969.py"
+    assert not marker.exists(), "discover() ran a milestone script; it must only parse it"
+    assert ms.get(tmp_path, "1969").name == "xor"
+    with pytest.raises(CourseError) as e:
+        ms.get(tmp_path, "alexnet")
+    assert "alexnet" in str(e.value) and "perceptron (1957)" in str(e.value) and "xor (1969)" in str(e.value)
+
+
+def test_discover_without_milestones_folder(tmp_path):
+    assert ms.discover(tmp_path) == []
+    with pytest.raises(CourseError, match="unknown milestone 'perceptron'"):
+        ms.get(tmp_path, "perceptron")
+
+
+@pytest.mark.parametrize("header, expected", [
+    ('NAME = "a"\nYEAR = 1957\nTITLE = "t"\nNEEDS = ["01"]\n', "does not define TARGET"),
+    ('NAME = "a"\nYEAR = "1957"\nTITLE = "t"\nNEEDS = ["01"]\nTARGET = "x"\n', "YEAR = '1957' is not valid"),
+    ('NAME = "a"\nYEAR = 1957\nTITLE = "t"\nNEEDS = list(range(3))\nTARGET = "x"\n', "NEEDS on line 4 must be a literal"),
+    ('NAME = "a"\nYEAR = 1957\nTITLE = "t"\nNEEDS = ["one"]\nTARGET = "x"\n', "NEEDS entry 'one'"),
+    ('NAME = "a"\nYEAR = 1957\nTITLE = "t\nNEEDS = []\n', "syntax error on line 3"),
+])
+def test_bad_headers_are_reported(tmp_path, header, expected):
+    path = write_milestone(tmp_path / "milestones", "bad.py", header)
+    with pytest.raises(CourseError) as e:
+        ms.discover(tmp_path)
+    assert expected in str(e.value) and str(path) in str(e.value), str(e.value)
+
+
+def test_duplicate_names_are_reported(tmp_path):
+    for f in ("a.py", "b.py"):
+        write_milestone(tmp_path / "milestones", f, HEADER.format(name="same", year=2000, needs="[]"))
+    with pytest.raises(CourseError, match="two milestone scripts are both named 'same'"):
+        ms.discover(tmp_path)
+
+
+# ------------------------------------------------------------------ readiness
+
+
+def stub_function(path: Path, qualname: str) -> None:
+    """Replace the body of `qualname` (after its docstring) in `path` with the nbgrader stub."""
+    source = path.read_text(encoding="utf-8")
+    node = ast.parse(source)
+    for part in qualname.split("."):
+        node = next(n for n in node.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part)
+    body = node.body
+    first = body[1] if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        else body[0]
+    indent = " " * first.col_offset
+    lines = source.splitlines(keepends=True)
+    stub = f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError()\n"
+    path.write_text("".join(lines[: first.lineno - 1]) + stub + "".join(lines[body[-1].end_lineno:]), encoding="utf-8")
+
+
+@pytest.fixture
+def stub_edition(tmp_path) -> Path:
+    """A copy of this edition (settings, module metadata and notebooks, package, milestones) in which
+    `Linear.forward` of module 03 is an unimplemented stub."""
+    require_modules_authored("01", "02", "03")
+    dest = tmp_path / "edition"
+    dest.mkdir()
+    shutil.copy2(ROOT / "settings.ini", dest / "settings.ini")
+    for folder in sorted((ROOT / "modules").iterdir()):
+        if folder.is_dir():
+            (dest / "modules" / folder.name).mkdir(parents=True)
+            for f in [folder / "module.toml", *folder.glob("*.ipynb")]:
+                if f.exists():
+                    shutil.copy2(f, dest / "modules" / folder.name / f.name)
+    shutil.copytree(ROOT / "tinytorch", dest / "tinytorch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "milestones", dest / "milestones", ignore=shutil.ignore_patterns("outputs", "__pycache__"))
+    stub_function(dest / "tinytorch" / "core" / "layers.py", "Linear.forward")
+    return dest
+
+
+def test_stub_helper_makes_a_stub_tito_finds(stub_edition):
+    layers = stub_edition / "tinytorch" / "core" / "layers.py"
+    source = layers.read_text(encoding="utf-8")
+    assert "# YOUR CODE HERE\n        raise NotImplementedError()" in source
+    compile(source, str(layers), "exec")
+
+
+def test_readiness_names_the_stub(stub_edition):
+    missing = {m.number: m for m in ms.readiness(stub_edition, ms.get(stub_edition, "perceptron"))}
+    assert "03" in missing, f"module 03 has a stub but readiness reported only {sorted(missing)}"
+    assert "Linear.forward" in missing["03"].stubs, missing["03"].stubs
+    if not IS_STUDENT:
+        assert list(missing) == ["03"] and missing["03"].stubs == ["Linear.forward"], missing
+        assert missing["03"].short() == "03 (Linear.forward)", missing["03"].short()
+
+
+def test_readiness_of_this_edition():
+    require_modules_authored("01", "02", "03")
+    missing = ms.readiness(ROOT, ms.get(ROOT, "perceptron"))
+    if IS_STUDENT:
+        return  # a student edition is ready once the student has finished 01-03
+    assert missing == [], ms.explain(ROOT, missing)
+
+
+def test_require_exits_2_naming_module_function_and_command(stub_edition, capsys):
+    with pytest.raises(SystemExit) as e:
+        ms.require("01", "02", "03", root=stub_edition)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    title = get_module(stub_edition, "03").title
+    for expected in (f"03 {title}", "not implemented yet", "Linear.forward", "tito module complete 03",
+                     "modules/03_"):
+        assert expected in err, f"expected {expected!r} in the message; got:\n{err}"
+
+
+def test_require_passes_for_finished_modules(capsys):
+    if IS_STUDENT:
+        pytest.skip("a student edition has stubs until the student finishes module 01")
+    ms.require("01", root=ROOT)
+    assert capsys.readouterr().err == ""
+
+
+def test_require_reports_a_module_not_exported(stub_edition, capsys):
+    (stub_edition / "tinytorch" / "core" / "activations.py").unlink()
+    with pytest.raises(SystemExit) as e:
+        ms.require("02", root=stub_edition)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "02" in err and "not exported yet" in err and "tinytorch/core/activations.py" in err, err
+    assert "tito module complete 02" in err, err
+
+
+def test_require_reports_a_module_the_course_lacks(tmp_path, capsys):
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "settings.ini").write_text("[course]\n")
+    with pytest.raises(SystemExit) as e:
+        ms.require("42", root=tmp_path)
+    assert e.value.code == 2 and "no modules/42_*/ folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_cli_list_shows_status(stub_edition):
+    result = CliRunner().invoke(app, ["list"], env={"TITO_ROOT": str(stub_edition), "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    expected_all = ("perceptron", "1957", "01 02 03", "needs 03", "Linear.forward") if not IS_STUDENT else \
+        ("perceptron", "1957", "01 02 03", "needs")  # a student's 03 may list other stubs first
+    for expected in expected_all:
+        assert expected in result.output, f"expected {expected!r} in:\n{result.output}"
+
+
+def test_cli_run_refuses_with_exit_2(stub_edition):
+    result = CliRunner().invoke(app, ["run", "perceptron", "--epochs", "3"],
+                                env={"TITO_ROOT": str(stub_edition), "COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "Linear.forward" in result.output and "tito module complete 03" in result.output, result.output
+
+
+def test_cli_run_unknown_milestone(tmp_path):
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "settings.ini").write_text("[course]\n")
+    result = CliRunner().invoke(app, ["run", "nope"], env={"TITO_ROOT": str(tmp_path), "COLUMNS": "200"})
+    assert result.exit_code == 2 and "unknown milestone 'nope'" in result.output, result.output
+
+
+# ------------------------------------------------------------------ running the perceptron
+
+
+@pytest.mark.slow
+def test_script_refuses_before_importing_a_stub(stub_edition):
+    proc = subprocess.run([sys.executable, str(stub_edition / "milestones" / "perceptron_1957.py"), "--epochs", "2"],
+                          cwd=stub_edition, env=env_for(stub_edition, ROOT), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Linear.forward" in proc.stderr and "tito module complete 03" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def ready_or_skip():
+    require_modules_authored("01", "02", "03")
+    missing = ms.readiness(ROOT, ms.get(ROOT, "perceptron"))
+    if missing and IS_STUDENT:
+        pytest.skip(ms.explain(ROOT, missing, "the perceptron milestone"))
+    assert not missing, ms.explain(ROOT, missing)
+
+
+@pytest.mark.slow
+def test_perceptron_meets_its_target(tmp_path):
+    ready_or_skip()
+    out = tmp_path / "plots" / "perceptron.png"
+    proc = subprocess.run(
+        [sys.executable, str(PERCEPTRON), "--samples", "80", "--epochs", "50", "--seed", "1", "--out", str(out)],
+        cwd=ROOT, env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert "training accuracy 100.0%" in proc.stdout and ": MET" in proc.stdout, proc.stdout
+    assert "epoch   1/50 [" in proc.stdout, "expected a text progress line per epoch when not on a terminal"
+    assert f"saved plot to {out}" in proc.stdout, proc.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_perceptron_exit_code_follows_the_target(tmp_path):
+    ready_or_skip()
+    out = tmp_path / "p.png"
+    proc = subprocess.run([sys.executable, str(PERCEPTRON), "--samples", "200", "--epochs", "1", "--seed", "97",
+                           "--out", str(out)],
+                          cwd=ROOT, env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120)
+    met = ": MET" in proc.stdout
+    assert met or ": NOT MET" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == (0 if met else 1), f"exit code {proc.returncode} but the script printed:\n{proc.stdout}"
+    assert out.exists()
+
+
+@pytest.mark.slow
+def test_cli_run_passes_options_to_the_script(tmp_path, capfd):
+    ready_or_skip()
+    out = tmp_path / "cli.png"
+    result = CliRunner().invoke(app, ["run", "perceptron", "--samples", "40", "--seed", "2", "--out", str(out)],
+                                env={"TITO_ROOT": str(ROOT), "MPLBACKEND": "Agg"})
+    printed = capfd.readouterr().out  # the script writes to the real stdout, not CliRunner's
+    assert result.exit_code == 0, result.output + printed
+    assert "40 points" in printed and f"saved plot to {out}" in printed, printed
+    assert out.exists()
