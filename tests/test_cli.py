@@ -263,8 +263,8 @@ def test_instructor_loop_grades_correct_and_stub_differently(instructor_copy, tm
     assert proc.returncode == 0, proc.output
     total = sum(float(nbs.nbgrader_meta(c)["points"]) for c in nbs.read(MODULES[0].notebook).cells
                 if nbs.is_test_cell(c))
-    assert re.search(rf"alice\s+{total:g}\s+{total:g}", proc.output), proc.output
-    assert re.search(rf"bob\s+0\s+{total:g}", proc.output), proc.output
+    assert re.search(rf"alice[\s│]+{total:g}[\s│]+{total:g}", proc.output), proc.output
+    assert re.search(rf"bob[\s│]+0[\s│]+{total:g}", proc.output), proc.output
 
     proc = tito(course, "nbgrader", "feedback", "01")
     assert proc.returncode == 0, proc.output

@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -21,15 +20,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from . import notebooks as nbs
 from .course import CourseError, Module, Settings, all_prerequisites, find_root, get_module, load_modules
 from .progress import Progress
+from .ui import console, err, handle_errors
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 app = typer.Typer(help="TinyTorch course CLI: build, test and grade the modules.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -39,20 +36,6 @@ nbgrader_app = typer.Typer(help="The instructor loop on nbgrader (offline, no se
 app.add_typer(module_app, name="module")
 app.add_typer(student_app, name="student")
 app.add_typer(nbgrader_app, name="nbgrader")
-
-
-def handle_errors(fn):
-    """Print CourseErrors as one clear message and exit 2, instead of a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except CourseError as e:
-            err.print(f"[bold red]error:[/] {e}")
-            raise typer.Exit(2)
-
-    return wrapper
 
 
 class Ctx:

@@ -1,7 +1,6 @@
 """`tito milestone`: list the milestone scripts and run one with the student's own `tinytorch`."""
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -12,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from tito import milestones as ms
-from tito.course import CourseError, find_root
+from tito.course import find_root
+from tito.ui import handle_errors
 
 app = typer.Typer(
     help="Milestones: historic models rebuilt with your own tinytorch (1957 perceptron onwards).",
@@ -20,22 +20,8 @@ app = typer.Typer(
 )
 
 
-def user_errors(fn):
-    """A CourseError is printed as one message (no traceback) and exits with code 2, as in tito.main."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except CourseError as e:
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}")
-            raise typer.Exit(2)
-
-    return wrapper
-
-
 @app.command("list")
-@user_errors
+@handle_errors
 def list_() -> None:
     """Show every milestone, the modules it needs and whether yours are ready."""
     console = Console()
@@ -61,7 +47,7 @@ def list_() -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@user_errors
+@handle_errors
 def run(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="milestone name (see `tito milestone list`), script name or year"),
