@@ -154,8 +154,12 @@ def module_start(ref: str = typer.Argument(..., help="module number or name, e.g
     console.print(f"when its tests pass: [bold]tito module complete {m.number}[/]")
     if lab:
         console.print("starting JupyterLab (Ctrl-C to stop)...")
-        raise typer.Exit(subprocess.call([sys.executable, "-m", "jupyterlab", str(m.notebook.relative_to(ctx.root))],
-                                         cwd=ctx.root, env=ctx.pythonpath_env()))
+        rel = m.notebook.relative_to(ctx.root).as_posix()
+        cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ctx.root}",
+               f"--LabApp.default_url=/lab/tree/{rel}"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-root")  # containers often run as root; JupyterLab refuses otherwise
+        raise typer.Exit(subprocess.call(cmd, cwd=ctx.root, env=ctx.pythonpath_env()))
 
 
 @module_app.command("reset")
