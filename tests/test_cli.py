@@ -279,3 +279,21 @@ def test_instructor_loop_grades_correct_and_stub_differently(instructor_copy, tm
 def test_autograde_without_submissions_says_what_to_do(instructor_copy):
     proc = tito(instructor_copy, "nbgrader", "autograde", "01")
     assert proc.returncode == 2 and "tito nbgrader collect" in proc.output
+
+
+@pytest.mark.parametrize("module", MODULES[1:], ids=[m.slug for m in MODULES[1:]])
+def test_student_loop_for_later_modules(edition, module):
+    """With its prerequisites done, a module's stubs fail naming functions, and its reference completes."""
+    for slug in [m.slug for m in MODULES if m.number in module.prerequisites]:
+        use_reference(edition, slug)
+        proc = tito(edition, "export", slug)
+        assert proc.returncode == 0, proc.output
+    proc = tito(edition, "test", module.number)
+    assert proc.returncode == 1, proc.output
+    assert "not implemented yet:" in proc.output and "Traceback" not in proc.output
+
+    use_reference(edition, module.slug)
+    proc = tito(edition, "module", "complete", module.number)
+    assert proc.returncode == 0, proc.output
+    assert f"module {module.number} ({module.title}) completed" in proc.output
+    assert find_stubs(module.package_file(edition)) == []

@@ -266,7 +266,11 @@ def print_pytest_report(data: dict, title: str) -> bool:
     for col in ("exercise", "function", "passed", "what to fix"):
         table.add_column(col)
     ok = True
-    for (ex, fn), ts in sorted(by_ex.items(), key=lambda kv: [int(x) if x.isdigit() else x for x in kv[0][0].split(".")]):
+    def order(item):  # "1.10" after "1.9"; tests without an exercise marker last
+        ex = item[0][0]
+        return (not ex, [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in ex.split(".")], item[0][1])
+
+    for (ex, fn), ts in sorted(by_ex.items(), key=order):
         failed = [t for t in ts if t["outcome"] == "failed"]
         passed = sum(t["outcome"] == "passed" for t in ts)
         ok &= not failed

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays, mutually_broadcastable_shapes
 
@@ -26,8 +26,10 @@ from tinytorch.core.tensor import Tensor, broadcast_shape
 
 pytestmark = pytest.mark.module("01")
 
-# Modest budget: the whole file runs in seconds on two cores.
-PROPERTY = settings(max_examples=50, deadline=None)
+# Modest budget: the whole file runs in seconds on two cores. The `explain` phase is left out: on a
+# failing test it costs seconds per test and adds nothing to a minimal (shrunk) counterexample.
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+PROPERTY = settings(max_examples=50, deadline=None, phases=PHASES)
 
 # Tolerances for float32 results compared with NumPy on the same float32 inputs.
 RTOL, ATOL = 1e-5, 1e-6
@@ -93,6 +95,11 @@ def layout(x: np.ndarray) -> str:
     "How an input is laid out, for failure messages."
     kind = "contiguous" if x.flags["C_CONTIGUOUS"] else "non-contiguous"
     return f"shape {x.shape}, strides {x.strides} ({kind})"
+
+
+def shape_id(shape) -> str:
+    "A test id for a shape: (2, 3) -> '2x3'."
+    return "x".join(map(str, shape)) or "scalar"
 
 
 def shapes(min_dims=0, max_dims=4, min_side=1, max_side=3):
@@ -475,7 +482,7 @@ def test_matmul_rejects_scalars_and_unbroadcastable_batches():
 
 
 @pytest.mark.exercise("1.4", "Tensor.matmul")
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, phases=PHASES)
 @given(data=st.data(), pair=matmul_shapes())
 def test_matmul_matches_torch(data, pair):
     torch = pytest.importorskip("torch")
@@ -523,7 +530,7 @@ def test_reduction_examples():
 
 @pytest.mark.exercise("1.5", "Tensor._reduce")
 @pytest.mark.parametrize("name, tt, ref", REDUCTIONS, ids=REDUCTION_IDS)
-@pytest.mark.parametrize("shape", [(5,), (2, 3), (2, 3, 4)], ids=str)
+@pytest.mark.parametrize("shape", [(5,), (2, 3), (2, 3, 4)], ids=shape_id)
 def test_reduction_bad_axis_names_op_axis_and_shape(name, tt, ref, shape):
     ndim = len(shape)
     x = Tensor(np.ones(shape, np.float32))
@@ -537,7 +544,7 @@ def test_reduction_bad_axis_names_op_axis_and_shape(name, tt, ref, shape):
 
 
 @pytest.mark.exercise("1.5", "Tensor._reduce")
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, phases=PHASES)
 @given(data=st.data(), shape=shapes(min_dims=1, max_side=4), keepdims=st.booleans())
 def test_reductions_match_torch(data, shape, keepdims):
     torch = pytest.importorskip("torch")
@@ -606,14 +613,14 @@ def test_reshape_is_a_view_and_keeps_requires_grad():
 
 
 @pytest.mark.exercise("1.6", "Tensor.reshape")
-@pytest.mark.parametrize("shape, request_", [((6,), (4, 2)), ((2, 3), (5,)), ((6,), (-1, 4)), ((2, 3), (7, -1)), ((4,), (3, 2))],
-                         ids=str)
-def test_reshape_bad_size_names_both_shapes(shape, request_):
+@pytest.mark.parametrize("shape, target", [((6,), (4, 2)), ((2, 3), (5,)), ((6,), (-1, 4)), ((2, 3), (7, -1)), ((4,), (3, 2))],
+                         ids=lambda s: shape_id(s) if isinstance(s[0], int) else None)
+def test_reshape_bad_size_names_both_shapes(shape, target):
     with pytest.raises(ValueError) as info:
-        Tensor(np.ones(shape, np.float32)).reshape(*request_)
+        Tensor(np.ones(shape, np.float32)).reshape(*target)
     msg = str(info.value)
-    for part in (str(shape), str(request_)):
-        assert part in msg, f"Tensor{shape}.reshape{request_}: the ValueError must contain {part} (both shapes); got: {msg!r}"
+    for part in (str(shape), str(target)):
+        assert part in msg, f"Tensor{shape}.reshape{target}: the ValueError must contain {part} (both shapes); got: {msg!r}"
 
 
 @pytest.mark.exercise("1.6", "Tensor.reshape")
@@ -659,8 +666,22 @@ def test_transpose_small_and_contiguity():
 
 
 @pytest.mark.exercise("1.6", "Tensor.transpose")
-@pytest.mark.parametrize("dims", [(0, 2), (-3, 0), (5, 1)], ids=str)
+@pytest.mark.parametrize("dims", [(0, 2), (-3, 0), (5, 1)], ids=lambda d: f"dims{d[0]},{d[1]}")
 def test_transpose_bad_axis_names_shape(dims):
     with pytest.raises(ValueError) as info:
         Tensor(np.ones((2, 3), np.float32)).transpose(*dims)
     assert "(2, 3)" in str(info.value), f"Tensor(2, 3).transpose{dims}: the ValueError must name the shape; got: {info.value}"
+
+
+@pytest.mark.exercise("1.3", "Tensor._elementwise")
+def test_python_int_keeps_an_integer_tensor_dtype():
+    x = Tensor(np.array([1, 2], dtype=np.int32))
+    assert (x + 2).dtype == np.int32, f"int32 tensor + 2 gave {(x + 2).dtype}; NumPy keeps int32"
+    assert (x * 0.5).dtype.kind == "f", "an int tensor times a float becomes floating point"
+
+
+@pytest.mark.exercise("1.4", "Tensor.matmul")
+def test_batched_matmul_mismatch_names_both_full_shapes():
+    with pytest.raises(ValueError) as info:
+        Tensor(np.ones((2, 3, 4))) @ Tensor(np.ones((3, 4, 5)))
+    assert "(2, 3, 4)" in str(info.value) and "(3, 4, 5)" in str(info.value), str(info.value)

@@ -176,8 +176,9 @@ class Tensor:
 
         APPROACH:
         1. Turn `other` into an array: a Tensor gives its `.data`; a Python number becomes a
-           0-d array of *this* tensor's dtype (so `x * 2` stays float32); anything else goes
-           through `np.asarray`.
+           0-d array of *this* tensor's dtype when it is of the same kind (any number with a
+           float tensor, so `x * 2` stays float32; an int with an int tensor); anything else
+           goes through `np.asarray`.
         2. Check the shapes with `broadcast_shape(self.shape, other.shape, op)`: it raises the
            clear error for you.
         3. Return `Tensor(fn(self.data, other_array))`.
@@ -190,7 +191,8 @@ class Tensor:
         if isinstance(other, Tensor):
             other_data = other.data
         elif isinstance(other, numbers.Number) and not isinstance(other, bool):
-            other_data = np.asarray(other, dtype=self.dtype if self.dtype.kind == "f" else None)
+            same_kind = self.dtype.kind == "f" or (isinstance(other, numbers.Integral) and self.dtype.kind in "iu")
+            other_data = np.asarray(other, dtype=self.dtype if same_kind else None)
         else:
             other_data = np.asarray(other)
         broadcast_shape(self.shape, other_data.shape, op)
@@ -261,7 +263,7 @@ class Tensor:
                 f"{k_a} (last axis of the first) != {k_b} ({which} of the second)"
             )
         if a.ndim > 2 and b.ndim > 2:
-            broadcast_shape(a.shape[:-2], b.shape[:-2], "matmul (batch dimensions)")
+            broadcast_shape(a.shape[:-2], b.shape[:-2], f"matmul of {a.shape} and {b.shape} (batch dimensions)")
         return Tensor(np.matmul(a, b))
         ### END SOLUTION
 
@@ -329,7 +331,7 @@ class Tensor:
             shape = tuple(shape[0])
         shape = tuple(int(s) for s in shape)
         if shape.count(-1) > 1:
-            raise ValueError(f"reshape: at most one dimension can be -1; got {shape}")
+            raise ValueError(f"reshape: at most one dimension can be -1; got {shape} for a tensor of shape {self.shape}")
         known = int(np.prod([s for s in shape if s != -1]))
         if -1 in shape:
             if known == 0 or self.size % known != 0:
