@@ -1,0 +1,49 @@
+"""The docs name only commands and paths that exist."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tito.main import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "modules" / "README.md"]
+
+
+def tito_commands() -> set[tuple[str, ...]]:
+    """Command paths (`module complete`, `nbgrader generate`...) of every `tito ...` mention in the docs."""
+    found = set()
+    for doc in DOCS:
+        for m in re.finditer(r"\btito ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)", doc.read_text()):
+            words = tuple(m.group(1).split())
+            found.add(words)
+    return found
+
+
+@pytest.mark.parametrize("words", sorted(tito_commands()), ids=" ".join)
+def test_documented_tito_command_exists(words):
+    runner = CliRunner()
+    result = runner.invoke(app, [*words, "--help"])
+    if result.exit_code != 0 and len(words) == 2:  # "tito test 01"-style: second word is an argument
+        result = runner.invoke(app, [words[0], "--help"])
+    assert result.exit_code == 0, f"the docs mention `tito {' '.join(words)}`, which does not exist:\n{result.output}"
+
+
+def test_documented_paths_exist():
+    text = (ROOT / "README.md").read_text()
+    for path in re.findall(r"`((?:modules|tinytorch|tito|tests|milestones|quarto)/[\w./-]*)`", text):
+        if "NN" in path or "<" in path:
+            continue
+        assert (ROOT / path).exists(), f"README.md names {path}, which does not exist"
+
+
+def test_readme_quick_start_has_exactly_two_commands():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands = [ln for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert len(commands) == 2, commands
+    assert (ROOT / ".ci" / "run").read_text().count("python3 -m tito.bootstrap test") == 1
