@@ -1,7 +1,6 @@
 """Shared test setup: the edition root, and the plugin that names exercises in failures."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,6 @@ def root() -> Path:
 @pytest.fixture
 def python_env():
     """Environment for subprocesses: this edition's packages first on the path."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["MPLBACKEND"] = "Agg"
-    return env
+    from tito.course import edition_env
+
+    return edition_env(ROOT)

@@ -214,3 +214,12 @@ def module_stubs(root: Path, module: Module) -> list[str]:
     if f is None or not f.exists():
         return ["<not exported yet>"]
     return find_stubs(f)
+
+
+def edition_env(root: Path, base: dict | None = None) -> dict:
+    """Environment for a subprocess or kernel that must import *this* edition's tinytorch and tito:
+    `root` first on PYTHONPATH, and a non-interactive matplotlib backend."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    env["MPLBACKEND"] = "Agg"
+    return env

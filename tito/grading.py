@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .course import CourseError, Module, Settings
+from .course import CourseError, Module, Settings, edition_env
 from .notebooks import read
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -49,11 +49,8 @@ def course_args(settings: Settings) -> list[str]:
 
 
 def nbgrader_env(settings: Settings) -> dict:
-    env = dict(os.environ)
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(settings.root)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["MPLBACKEND"] = "Agg"
+    env = edition_env(settings.root)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 

@@ -23,7 +23,8 @@ import typer
 from rich.table import Table
 
 from . import notebooks as nbs
-from .course import CourseError, Module, Settings, all_prerequisites, find_root, get_module, load_modules
+from .course import (CourseError, Module, Settings, all_prerequisites, edition_env, find_root, get_module,
+                     load_modules)
 from .progress import Progress
 from .ui import console, err, handle_errors
 
@@ -81,10 +82,7 @@ class Ctx:
                 if n in by_number and not self.progress.is_completed(n)]
 
     def pythonpath_env(self) -> dict:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(self.root)] + [p for p in [env.get("PYTHONPATH")] if p])
-        env["MPLBACKEND"] = "Agg"
-        return env
+        return edition_env(self.root)
 
 
 STATE_STYLE = {"completed": "green", "in progress": "yellow", "ready": "cyan", "locked": "dim"}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-from .course import CourseError
+from .course import CourseError, edition_env
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -271,10 +271,7 @@ def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | N
     setup = nbformat.v4.new_code_cell(_SETUP_CELL)
     setup.id = "tito-setup"
     nb.cells.insert(0, setup)
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["MPLBACKEND"] = "Agg"
+    env = edition_env(pythonpath) if pythonpath is not None else dict(os.environ, MPLBACKEND="Agg")
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
     client = NotebookClient(nb, timeout=int(timeout), kernel_name="python3", allow_errors=True,
                             interrupt_on_timeout=True, resources={"metadata": {"path": str(cwd)}})

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import notebooks as nbs
-from .course import CourseError, Settings, load_modules
+from .course import CourseError, Settings, edition_env, load_modules
 
 EXCLUDE = [".git", ".git/*", ".venv/*", "*/__pycache__/*", "*.pyc", ".tito/*", "nbgrader/*", ".ci/*",
            "*.egg-info/*", "build/*", "dist/*", ".pytest_cache/*", ".hypothesis/*", "milestones/outputs/*",
@@ -110,7 +110,7 @@ def _build(root: Path, dest: Path, log) -> None:
     nbs.export(dest)
     log("exported tinytorch/ from the release notebooks")
 
-    env = dict(os.environ, PYTHONPATH=str(dest))
+    env = edition_env(dest)
     pkgs = [m.package_module for m in modules if m.package_module]
     proc = subprocess.run([sys.executable, "-c", "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)",
                            *pkgs], cwd=dest, env=env, capture_output=True, text=True)

@@ -1,7 +1,6 @@
 """`tito milestone`: list the milestone scripts and run one with the student's own `tinytorch`."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tito import milestones as ms
-from tito.course import find_root
+from tito.course import edition_env, find_root
 from tito.ui import handle_errors
 
 app = typer.Typer(
@@ -65,8 +64,7 @@ def run(
         message = ms.explain(root, missing, f"milestone {milestone.name!r} ({milestone.year})")
         Console(stderr=True).print(message, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    env = edition_env(root)
     env.setdefault("TITO_ROOT", str(root))
     args = list(ctx.args)
     if args[:1] == ["--"]:
