@@ -48,3 +48,16 @@ def test_readme_quick_start_has_exactly_two_commands():
     commands = [ln for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     assert len(commands) == 2, commands
     assert (ROOT / ".ci" / "run").read_text().count("python3 -m tito.bootstrap test") == 1
+
+
+def test_readme_module_table_matches_the_module_folders():
+    """The README's table is a convenience copy: it must say what modules/*/module.toml says."""
+    from tito.course import load_modules
+
+    text = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\d\d) \| ([^|]+) \| `([^`]+)` \| ([^|]+) \|$", text, re.M)
+    modules = load_modules(ROOT)
+    assert [r[0] for r in rows] == [m.number for m in modules], "README's module table lists other modules"
+    for (number, title, package, prereqs), m in zip(rows, modules):
+        assert title.strip() == m.title and package == m.package_module, f"README row {number} is stale"
+        assert [p.strip() for p in prereqs.split(",") if p.strip() != "-"] == m.prerequisites, f"README row {number}"
