@@ -92,6 +92,14 @@ def test_student_init_refuses_a_non_empty_folder(tmp_path):
     assert (tmp_path / "keep.txt").read_text() == "mine"
 
 
+def test_student_init_force_replaces_only_after_a_complete_build(tmp_path):
+    (tmp_path / "old.txt").write_text("previous edition")
+    proc = tito(ROOT, "student", "init", str(tmp_path), "--force")
+    assert proc.returncode == 0, proc.output
+    assert not (tmp_path / "old.txt").exists() and (tmp_path / "modules" / "01_tensor" / ".release.ipynb").exists()
+    assert not list(tmp_path.parent.glob(f".{tmp_path.name}.partial"))
+
+
 def test_student_init_refused_inside_a_student_edition(edition, tmp_path):
     proc = tito(edition, "student", "init", str(tmp_path / "again"))
     assert proc.returncode == 2 and "already a student edition" in proc.output

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tito import notebooks as nbs
-from tito.course import Settings, load_modules
+from tito.course import Settings, edition_env, load_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = load_modules(ROOT)
@@ -106,7 +106,7 @@ def test_release_exports_imports_and_fails_its_tests(module, tmp_path):
     exported = pkg_file.read_text()
     assert "NotImplementedError" in exported, f"{pkg_file} should hold the stubs"
     proc = subprocess.run([sys.executable, "-c", f"import {module.package_module}"], cwd=edition,
-                          capture_output=True, text=True, env={**__import__('os').environ, "PYTHONPATH": str(edition)})
+                          capture_output=True, text=True, env=edition_env(edition))
     assert proc.returncode == 0, f"the released {module.package_module} does not import:\n{proc.stderr[-2000:]}"
 
     report = nbs.execute(dest / module.notebook.name, cwd=dest, pythonpath=edition, source=rel)

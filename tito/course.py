@@ -17,6 +17,8 @@ from functools import cached_property
 from pathlib import Path
 
 MODULE_DIR_RE = re.compile(r"^(\d{2})_([a-z0-9_]+)$")
+# What a solution region becomes in the student release (nbgrader's stub, set explicitly everywhere).
+CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 STUB_MARKER = "YOUR CODE HERE"
 
 

@@ -20,9 +20,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from .course import CourseError, Module, Settings, edition_env
+from .course import CODE_STUB, CourseError, Module, Settings, edition_env
 from .notebooks import read
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -44,7 +45,7 @@ def course_args(settings: Settings) -> list[str]:
         f"--CourseDirectory.feedback_directory={rel(nbroot / 'feedback')}",
         f"--CourseDirectory.db_url=sqlite:///{gradebook}",
         f"--ExecutePreprocessor.timeout={timeout}",
-        "--ClearSolutions.code_stub=python=# YOUR CODE HERE\nraise NotImplementedError()",
+        f"--ClearSolutions.code_stub=python={CODE_STUB}",
     ]
 
 
@@ -89,7 +90,7 @@ def collect(settings: Settings, module: Module, student: str, notebook: Path) ->
     dest = settings.nbgrader_root / "submitted" / student / module.slug
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(notebook, dest / module.notebook.name)
-    (dest / "timestamp.txt").write_text(__import__("time").strftime("%Y-%m-%d %H:%M:%S UTC", __import__("time").gmtime()))
+    (dest / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     return dest / module.notebook.name
 
 

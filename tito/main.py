@@ -135,7 +135,7 @@ def module_start(ref: str = typer.Argument(..., help="module number or name, e.g
         raise CourseError(f"module {m.slug} needs {names} completed first: run "
                           f"`tito module complete {missing[0].number}` (or pass --force to start anyway)")
     if not m.notebook.exists():
-        pristine = m.folder / "." / ".release.ipynb"
+        pristine = m.folder / ".release.ipynb"
         if pristine.exists():
             shutil.copy2(pristine, m.notebook)
             console.print(f"restored the starting notebook {m.notebook}")

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-from .course import CourseError, edition_env
+from .course import CODE_STUB, CourseError, edition_env
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -155,7 +154,7 @@ def release(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
     out = copy.deepcopy(nb)
     resources: dict = {}
-    for pp in (LockCells(), ClearSolutions(), ClearOutput(), CheckCellMetadata(), ComputeChecksums(),
+    for pp in (LockCells(), ClearSolutions(code_stub={"python": CODE_STUB}), ClearOutput(), CheckCellMetadata(), ComputeChecksums(),
                ClearHiddenTests(), ClearMarkScheme(), ComputeChecksums(), CheckCellMetadata()):
         out, resources = pp.preprocess(out, resources)
     return out
@@ -327,10 +326,6 @@ def generated_files(lib: Path) -> dict[str, str]:
         text = p.read_text(encoding="utf-8")
         out[str(p.relative_to(lib))] = text
     return out
-
-
-def notebook_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[str]:

@@ -53,10 +53,8 @@ def init(root: Path, dest: Path, force: bool = False, log=print) -> Path:
     dest = dest.resolve()
     if dest == root or root in dest.parents:
         raise CourseError(f"{dest} is inside the course repository; choose a folder outside it")
-    if dest.exists() and any(dest.iterdir()):
-        if not force:
-            raise CourseError(f"{dest} exists and is not empty; choose a new folder or pass --force to replace it")
-        shutil.rmtree(dest)
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise CourseError(f"{dest} exists and is not empty; choose a new folder or pass --force to replace it")
     final = dest
     dest = final.with_name(f".{final.name}.partial")
     if dest.exists():
@@ -66,6 +64,8 @@ def init(root: Path, dest: Path, force: bool = False, log=print) -> Path:
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+    if final.exists():  # --force: the old edition goes only once the new one is complete
+        shutil.rmtree(final)
     os.replace(dest, final)
     return final
 
