@@ -1,7 +1,7 @@
 """Set up a fresh clone and run the main job or the test suite (standard library only).
 
     python3 -m tito.bootstrap run    # create .venv, install, check the machine, run the 1957 perceptron
-    python3 -m tito.bootstrap test   # create .venv, install with test extras, run the whole test suite
+    python3 -m tito.bootstrap test   # create .venv, install with test + reference (PyTorch) extras, run the whole suite
 
 The virtual environment lives in `.venv/` (override with TINYTORCH_VENV). Installation is skipped
 when pyproject.toml has not changed since the last successful install.
@@ -25,33 +25,36 @@ def sh(*cmd, **kw) -> None:
         sys.exit(rc)
 
 
-def setup() -> Path:
-    if sys.version_info < (3, 10):
-        sys.exit(f"TinyTorch needs Python 3.10 or newer; this is {sys.version.split()[0]}")
+def setup(job: str) -> Path:
+    if sys.version_info < (3, 11):
+        sys.exit(f"TinyTorch needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     env_dir = Path(os.environ.get("TINYTORCH_VENV", ROOT / ".venv"))
     py = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
     if not py.exists():
         print(f"creating virtual environment {env_dir}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     stamp = env_dir / ".tinytorch-install"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest() + str(ROOT)
-    if not stamp.exists() or stamp.read_text() != want:
+    extras = ["test", "reference"] if job == "test" else ["test"]  # the test suite compares with PyTorch
+    base = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest() + str(ROOT)
+    have = stamp.read_text().split("|") if stamp.exists() else []
+    if not have or have[0] != base or not set(extras) <= set(have[1:]):
         sh(py, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-        sh(py, "-m", "pip", "install", "--quiet", "-e", ".[test]")
-        stamp.write_text(want)
+        sh(py, "-m", "pip", "install", "--quiet", "-e", f".[{','.join(extras)}]")
+        stamp.write_text("|".join([base, *extras]))
     return py
 
 
 def main(argv: list[str]) -> None:
     job = argv[0] if argv else "run"
-    py = setup()
+    py = setup(job)
     bindir = py.parent
     env = dict(os.environ, PATH=os.pathsep.join([str(bindir), os.environ.get("PATH", "")]), MPLBACKEND="Agg")
     if job == "run":
         sh(py, "-m", "tito.main", "doctor", env=env)
         sh(py, "-m", "tito.main", "milestone", "run", "perceptron", *argv[1:], env=env)
     elif job == "test":
-        sh(py, "-m", "pytest", "-q", *argv[1:], env=env)
+        # on every core (pytest-xdist); TINYTORCH_TEST_WORKERS=1 runs the suite serially
+        sh(py, "-m", "pytest", "-q", "-n", os.environ.get("TINYTORCH_TEST_WORKERS", "auto"), *argv[1:], env=env)
     else:
         sys.exit(f"unknown job {job!r}: use `run` or `test`")
 

@@ -10,15 +10,9 @@ import numpy as np
 from .tensor import Tensor
 
 # %% auto #0
-__all__ = ['normalize_dim', 'ReLU', 'Sigmoid', 'Tanh', 'GELU', 'Softmax', 'LogSoftmax']
+__all__ = ['normalize_dim', 'Activation', 'DimActivation', 'ReLU', 'Sigmoid', 'Tanh', 'GELU', 'Softmax', 'LogSoftmax']
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-helpers
-def _float_data(x) -> np.ndarray:
-    "The elements of `x` (a Tensor or anything array-like) as a floating-point NumPy array."
-    data = x.data if isinstance(x, Tensor) else np.asarray(x)
-    return data if data.dtype.kind == "f" else data.astype(np.float32)
-
-
 def normalize_dim(dim, shape: tuple, op: str) -> int:
     """Return `dim` as a non-negative axis of a tensor of `shape`, or raise a clear error.
 
@@ -37,196 +31,178 @@ def normalize_dim(dim, shape: tuple, op: str) -> int:
         )
     return int(dim) % ndim
 
+
+class Activation:
+    """Base class of the activations: `act(x)` is `act.forward(x)`, and the repr names the class.
+
+    A subclass writes `forward`, starting from `x = self.input(x)`: a floating-point Tensor that
+    is still connected to whatever computed it (integer input becomes float32 through a recorded
+    `astype`, so nothing is cut from the graph).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        raise TypeError(f"{type(self).__name__} does not define forward(x)")
+
+    def __call__(self, x) -> Tensor:
+        return self.forward(x)
+
+    @staticmethod
+    def input(x) -> Tensor:
+        "`x` as a floating-point Tensor: a float Tensor itself, an integer one as float32, anything else wrapped."
+        if not isinstance(x, Tensor):
+            x = Tensor(x)
+        return x if x.data.dtype.kind == "f" else x.astype(np.float32)
+
+    def extra_repr(self) -> str:
+        "Text between the parentheses of the repr (`dim=-1` for Softmax)."
+        return ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+
+class DimActivation(Activation):
+    "An activation that normalises along one dimension `dim` (Softmax, LogSoftmax)."
+
+    def __init__(self, dim: int = -1):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"{type(self).__name__}: dim must be an int; got {dim!r} of type {type(dim).__name__}")
+        self.dim = int(dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
 # %% ../../modules/02_activations/02_activations.ipynb #activations-relu
-class ReLU:
+class ReLU(Activation):
     "Rectified linear unit: `max(x, 0)` elementwise."
 
     def forward(self, x: Tensor) -> Tensor:
-        """Return a new Tensor with `max(x, 0)` applied to every element of `x`.
+        """Return a new Tensor with `max(x, 0)` for every element of `x`.
 
-        TODO (Exercise 2.1): one vectorised NumPy call.
+        TODO (Exercise 2.1): one vectorised NumPy call on `x.data`; keep the array in `out`.
 
-        APPROACH:
-        1. `data = _float_data(x)` gives the elements as a float array.
-        2. Take the elementwise maximum with 0 and wrap the result in a Tensor.
-
-        HINTS:
-        - `np.maximum(a, 0)` is elementwise; `max(a, 0)` (Python's builtin) is not.
-        - Do not modify `x`: return a new Tensor.
+        CONTRACT: any shape, 0-d included; float32 in, float32 out; `x` itself is not modified.
+        EXAMPLE: `ReLU()(Tensor([-1.0, 0.0, 2.0]))` holds `[0., 0., 2.]`.
+        HINT: Python's builtin `max` is not elementwise; NumPy has an elementwise one.
         """
+        x = self.input(x)
         ### BEGIN SOLUTION
-        return Tensor(np.maximum(_float_data(x), 0))
+        out = np.maximum(x.data, 0)
         ### END SOLUTION
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.forward(x)
-
-    def __repr__(self) -> str:
-        return "ReLU()"
+        return Tensor.from_op(out, "relu", (x,), (out,))
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-sigmoid
-class Sigmoid:
+class Sigmoid(Activation):
     "Logistic sigmoid `1 / (1 + exp(-x))`, computed without overflow for any finite input."
 
     def forward(self, x: Tensor) -> Tensor:
         """Return a new Tensor with the sigmoid of every element of `x`.
 
-        TODO (Exercise 2.2): a numerically stable sigmoid.
+        TODO (Exercise 2.2): a sigmoid that never exponentiates a large positive number; keep the
+        array in `out`.
 
-        APPROACH:
-        1. `data = _float_data(x)`.
-        2. Denominator: `1 + np.exp(-np.abs(data))`, always in (1, 2].
-        3. Numerator: `np.exp(np.minimum(data, 0))`: 1 where `data >= 0`, `exp(data)` elsewhere.
-        4. Wrap numerator / denominator in a Tensor.
-
-        HINTS:
-        - Never call `np.exp` on something that can be large and positive.
-        - `np.where(cond, a, b)` also works, but it evaluates both `a` and `b` everywhere, so
-          both must be safe.
-        - sigmoid(1e4) is exactly 1.0, sigmoid(-1e4) is 0.0 and sigmoid(-80) is about 1.8e-35
-          in float32, with no warning.
+        CONTRACT: outputs in [0, 1], float32 for float32 input, no overflow warning for any finite
+        input. `sigmoid(1e4)` is exactly 1.0, `sigmoid(-1e4)` is 0.0, and `sigmoid(-80)` is about
+        1.8e-35 (not 0: keep the relative precision of tiny results).
+        HINTS: the markdown above derives a form in which both branches exponentiate only numbers
+        `<= 0`; `np.exp`, `np.abs`, `np.minimum` (or `np.where`, which evaluates both branches).
         """
+        x = self.input(x)
         ### BEGIN SOLUTION
-        data = _float_data(x)
-        return Tensor(np.exp(np.minimum(data, 0)) / (1 + np.exp(-np.abs(data))))
+        a = x.data
+        out = np.exp(np.minimum(a, 0)) / (1 + np.exp(-np.abs(a)))
         ### END SOLUTION
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.forward(x)
-
-    def __repr__(self) -> str:
-        return "Sigmoid()"
+        return Tensor.from_op(out, "sigmoid", (x,), (out,))
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-tanh
-class Tanh:
+class Tanh(Activation):
     "Hyperbolic tangent, elementwise, with outputs in (-1, 1)."
 
     def forward(self, x: Tensor) -> Tensor:
-        """Return a new Tensor with tanh applied to every element of `x`.
+        """Return a new Tensor with tanh of every element of `x`.
 
-        TODO (Exercise 2.3): a tanh that is exact near 0 and finite for huge inputs.
+        TODO (Exercise 2.3): a tanh that is exact near 0 and finite for huge inputs; keep the
+        array in `out`.
 
-        APPROACH:
-        1. `data = _float_data(x)`.
-        2. Apply a stable elementwise tanh and wrap the result in a Tensor.
-
-        HINTS:
-        - `np.tanh` is stable and accurate everywhere.
-        - If you build it yourself: use `t = np.expm1(-2 * |x|)` (exact for tiny |x|), then
-          `tanh(|x|) = -t / (2 + t)` and restore the sign with `np.sign(x)`.
+        CONTRACT: float32 in, float32 out; `tanh(1e-8)` is 1e-8 to float32 precision (no
+        cancellation); `tanh(+-1e4)` is exactly +-1 with no warning.
+        HINT: a NumPy ufunc already handles both traps; a hand-made formula needs `np.expm1`.
         """
+        x = self.input(x)
         ### BEGIN SOLUTION
-        return Tensor(np.tanh(_float_data(x)))
+        out = np.tanh(x.data)
         ### END SOLUTION
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.forward(x)
-
-    def __repr__(self) -> str:
-        return "Tanh()"
+        return Tensor.from_op(out, "tanh", (x,), (x.data, out))
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-gelu
-class GELU:
+class GELU(Activation):
     "Gaussian error linear unit, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`."
 
     def forward(self, x: Tensor) -> Tensor:
         """Return a new Tensor with the (tanh-approximated) GELU of every element of `x`.
 
-        TODO (Exercise 2.4): the formula above, vectorised, in float32.
+        TODO (Exercise 2.4): the formula of the class docstring, vectorised; keep the array in `out`.
 
-        APPROACH:
-        1. `data = _float_data(x)`; `c = math.sqrt(2 / math.pi)` (a Python float).
-        2. `inner = c * (data + 0.044715 * data * data * data)`.
-        3. Return `Tensor(0.5 * data * (1 + np.tanh(inner)))`.
-
-        HINTS:
-        - `np.tanh` saturates to exactly +-1 for large |inner|, so GELU(1e4) = 1e4 and
-          GELU(-1e4) = 0 with no special case.
-        - Check `result.dtype` before wrapping: it should be float32 for float32 input.
-        - `data * data * data` is two multiplies; `data ** 3` calls a general power routine.
+        CONTRACT: float32 in, float32 out (check `out.dtype`: a NumPy float64 scalar constant
+        would silently promote the whole array); GELU(1e4) = 1e4 and GELU(-1e4) = 0 with no
+        warning; matches PyTorch's `gelu(x, approximate="tanh")`.
+        HINTS: `math.sqrt` gives a Python float; a cube written as two multiplications is cheaper
+        than a general power (section 3.3 measures it).
         """
+        x = self.input(x)
         ### BEGIN SOLUTION
-        data = _float_data(x)
+        a = x.data
         c = math.sqrt(2 / math.pi)
-        inner = c * (data + 0.044715 * data * data * data)
-        return Tensor(0.5 * data * (1 + np.tanh(inner)))
+        out = 0.5 * a * (1 + np.tanh(c * (a + 0.044715 * a * a * a)))
         ### END SOLUTION
+        return Tensor.from_op(out, "gelu", (x,), (x.data,))
 
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.forward(x)
-
-    def __repr__(self) -> str:
-        return "GELU(approximate='tanh')"
+    def extra_repr(self) -> str:
+        return "approximate='tanh'"
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-softmax
-class Softmax:
+class Softmax(DimActivation):
     "Softmax along `dim` (default: the last): non-negative outputs that sum to 1 along `dim`."
 
-    def __init__(self, dim: int = -1):
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-            raise TypeError(f"Softmax: dim must be an int; got {dim!r} of type {type(dim).__name__}")
-        self.dim = int(dim)
-
     def forward(self, x: Tensor) -> Tensor:
-        """Return softmax of `x` along `self.dim`, computed without overflow.
+        """Return the softmax of `x` along `self.dim`, computed without overflow.
 
-        TODO (Exercise 2.5): max-subtraction softmax along one axis.
+        TODO (Exercise 2.5): the max-subtraction softmax along one axis; keep the array in `out`.
 
-        APPROACH:
-        1. `axis = normalize_dim(self.dim, x.shape, "Softmax")` (raises the clear error for you).
-        2. `data = _float_data(x)`; subtract `data.max(axis=axis, keepdims=True)`.
-        3. Exponentiate the shifted values (all <= 0) and divide by their sum along `axis`
-           (again with `keepdims=True`).
-
-        HINTS:
-        - A row of all `-1e4` must give a uniform distribution, not `0 / 0`.
-        - Two passes over the data is the minimum: one for the max, one for exp and sum.
+        CONTRACT: same shape and dtype as `x`; every slice along `dim` sums to 1; a row of
+        `-1e4`s gives a uniform distribution (not `0 / 0`) and a row with `1e4` no overflow.
+        A bad `dim` raises the error of `normalize_dim` ("Softmax: dim 2 is out of range ...").
+        HINTS: `normalize_dim` turns `self.dim` into an axis; reductions with `keepdims=True`
+        broadcast back against the input.
         """
-        ### BEGIN SOLUTION
+        x = self.input(x)
         axis = normalize_dim(self.dim, x.shape, "Softmax")
-        data = _float_data(x)
-        e = np.exp(data - data.max(axis=axis, keepdims=True))
-        return Tensor(e / e.sum(axis=axis, keepdims=True))
+        ### BEGIN SOLUTION
+        a = x.data
+        e = np.exp(a - a.max(axis=axis, keepdims=True))
+        out = e / e.sum(axis=axis, keepdims=True)
         ### END SOLUTION
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.forward(x)
-
-    def __repr__(self) -> str:
-        return f"Softmax(dim={self.dim})"
+        return Tensor.from_op(out, "softmax", (x,), (out, axis))
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-log-softmax
-class LogSoftmax:
+class LogSoftmax(DimActivation):
     "`log(softmax(x))` along `dim` (default: the last), computed with the log-sum-exp trick."
 
-    def __init__(self, dim: int = -1):
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-            raise TypeError(f"LogSoftmax: dim must be an int; got {dim!r} of type {type(dim).__name__}")
-        self.dim = int(dim)
-
     def forward(self, x: Tensor) -> Tensor:
-        """Return log-softmax of `x` along `self.dim`, finite for every finite input.
+        """Return the log-softmax of `x` along `self.dim`, finite for every finite input.
 
-        TODO (Exercise 2.6): `x - max - log(sum(exp(x - max)))` along one axis.
+        TODO (Exercise 2.6): the identity of the markdown above, along one axis; keep the array in
+        `out`.
 
-        APPROACH:
-        1. `axis = normalize_dim(self.dim, x.shape, "LogSoftmax")`.
-        2. `shifted = data - data.max(axis=axis, keepdims=True)` (all <= 0, the max is exactly 0).
-        3. Return `shifted - log(sum(exp(shifted)))`, the sum along `axis` with `keepdims=True`.
-
-        HINTS:
-        - Do not call your Softmax and take the log: that is the `log(0)` trap.
-        - `exp` of the result sums to 1 along `dim`: a quick self-check.
+        CONTRACT: same shape and dtype as `x`; `exp(out)` sums to 1 along `dim`; for logits
+        `[0, -1e4]` the second entry is -1e4 (not `-inf`).
+        HINT: taking the log of your Softmax is exactly the `log(0)` trap.
         """
-        ### BEGIN SOLUTION
+        x = self.input(x)
         axis = normalize_dim(self.dim, x.shape, "LogSoftmax")
-        data = _float_data(x)
-        shifted = data - data.max(axis=axis, keepdims=True)
-        return Tensor(shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True)))
+        ### BEGIN SOLUTION
+        a = x.data
+        shifted = a - a.max(axis=axis, keepdims=True)
+        out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
         ### END SOLUTION
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.forward(x)
-
-    def __repr__(self) -> str:
-        return f"LogSoftmax(dim={self.dim})"
+        return Tensor.from_op(out, "log_softmax", (x,), (out, axis))

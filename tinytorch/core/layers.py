@@ -42,8 +42,10 @@ class Module:
         APPROACH:
         1. Loop over `vars(self).items()`: the attributes in the order they were assigned.
         2. A `Module` is a child: yield `(name, value)`.
-        3. A `Tensor` with `requires_grad=True` is a parameter: yield `(name, value)`.
-           A Tensor without it (a constant, a running statistic) is not a parameter: skip it.
+        3. A *leaf* `Tensor` with `requires_grad=True` is a parameter: yield `(name, value)`.
+           A Tensor without it (a constant, a running statistic) is not a parameter, and neither
+           is a stored op result (an activation or a cache kept for later, which has a
+           `grad_fn`): skip them. `Tensor.is_leaf` tells the two apart.
         4. A `list` or `tuple`: yield its Module and parameter items as `(f"{name}.{i}", item)`.
         5. Ignore everything else.
 
@@ -63,7 +65,7 @@ class Module:
             else:
                 pairs = [(name, value)]
             for key, item in pairs:
-                if isinstance(item, Module) or (isinstance(item, Tensor) and item.requires_grad):
+                if isinstance(item, Module) or (isinstance(item, Tensor) and item.requires_grad and item.is_leaf):
                     yield key, item
         ### END SOLUTION
 

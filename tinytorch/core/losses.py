@@ -8,25 +8,25 @@ import numpy as np
 from .tensor import Tensor
 
 # %% auto #0
-__all__ = ['Loss', 'log_sum_exp', 'MSELoss', 'CrossEntropyLoss', 'BinaryCrossEntropyLoss']
+__all__ = ['as_tensor', 'as_float', 'Loss', 'log_sum_exp', 'MSELoss', 'CrossEntropyLoss', 'BinaryCrossEntropyLoss']
 
 # %% ../../modules/04_losses/04_losses.ipynb #losses-helpers
-def _data(x) -> np.ndarray:
-    "The NumPy array behind `x` (a Tensor, an array, a list or a number), following Tensor's dtype policy."
-    return x.data if isinstance(x, Tensor) else Tensor(x).data
+def as_tensor(x) -> Tensor:
+    "`x` itself when it is a Tensor, else `Tensor(x)` (so lists and arrays follow the dtype policy)."
+    return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def _float_data(x) -> np.ndarray:
-    "Like `_data`, but integer and boolean data become float32."
-    arr = _data(x)
-    return arr if arr.dtype.kind == "f" else arr.astype(np.float32)
+def as_float(x) -> Tensor:
+    "`x` as a floating-point Tensor; integer or boolean data becomes float32 through a recorded `astype`."
+    x = as_tensor(x)
+    return x if x.data.dtype.kind == "f" else x.astype(np.float32)
 
 
 class Loss:
     "Base class of the losses: `loss(pred, target)` calls `forward` and returns a 0-d Tensor."
 
     def forward(self, pred, target) -> Tensor:
-        raise NotImplementedError(f"{type(self).__name__}.forward")
+        raise TypeError(f"{type(self).__name__} does not define forward(pred, target)")
 
     def __call__(self, pred, target) -> Tensor:
         return self.forward(pred, target)
@@ -38,35 +38,30 @@ class Loss:
 def log_sum_exp(x, axis: int = -1, keepdims: bool = False) -> Tensor:
     """Return `log(sum(exp(x)))` along `axis` as a Tensor, without overflow.
 
-    TODO (Exercise 4.1): implement the max-subtraction identity, vectorised.
+    TODO (Exercise 4.1): the max-subtraction identity of the markdown above, vectorised; keep the
+    result array in `out`.
 
-    APPROACH:
-    1. `x = _float_data(x)` gives a float NumPy array (float32 unless it was already float).
-    2. `m` = the max along `axis` with `keepdims=True`. Where `m` is not finite (a row of all
-       `-inf`), use 0 instead, so that `x - m` never computes `-inf - (-inf) = NaN`.
-    3. `out = m + log(sum(exp(x - m), axis, keepdims=True))`.
-    4. Unless `keepdims`, drop the reduced axis (`np.squeeze(out, axis=axis)`).
-    5. Return `Tensor(out, dtype=x.dtype)` (float64 input stays float64).
+    CONTRACT:
+    - `x`: a Tensor or array-like; float64 input stays float64, anything else is float32.
+    - The result has `x`'s shape without `axis` (or with size 1 there when `keepdims`).
+    - Finite for finite input of any magnitude: `log_sum_exp(Tensor([[1000.0, 1000.0]]))` is
+      1000.693... (1000 + log 2).
+    - A row of all `-inf` gives `-inf`, with no NaN and no warning.
 
-    EXAMPLE:
-    >>> log_sum_exp(Tensor([[1000.0, 1000.0]])).item()   # 1000 + log(2)
-    1000.693...
-
-    HINTS:
-    - `np.where(np.isfinite(m), m, 0)` replaces the infinite maxima.
-    - A row of all `-inf` has sum 0 and its answer is `log(0) = -inf`, which is correct: compute
-      the log under `with np.errstate(divide="ignore"):` so that it raises no warning.
+    HINTS: a maximum that is not finite must not be subtracted (`-inf - (-inf)` is NaN):
+    `np.isfinite`, `np.where`; `np.errstate` silences the expected `log(0)`; `np.squeeze`.
     """
+    x = as_float(x)
     ### BEGIN SOLUTION
-    x = _float_data(x)
-    m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+    a = x.data
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0).astype(a.dtype)
     with np.errstate(divide="ignore"):
-        out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+        out = m + np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True))
     if not keepdims:
         out = np.squeeze(out, axis=axis)
-    return Tensor(out, dtype=x.dtype)
     ### END SOLUTION
+    return Tensor.from_op(out, "log_sum_exp", (x,), (axis, keepdims, out))
 
 # %% ../../modules/04_losses/04_losses.ipynb #losses-mse
 class MSELoss(Loss):
@@ -75,23 +70,21 @@ class MSELoss(Loss):
     def forward(self, pred, target) -> Tensor:
         """Return the mean squared error of `pred` against `target` as a 0-d Tensor.
 
-        TODO (Exercise 4.2): validate, then one vectorised expression.
+        TODO (Exercise 4.2): validate, then one vectorised expression. Keep `pred - target` in
+        `diff` (the backward rule reuses it) and the loss array in `out`.
 
-        APPROACH:
-        1. `p = _float_data(pred)`; `t = _float_data(target).astype(p.dtype)`.
-        2. If `p.shape != t.shape`, raise ValueError naming both shapes, e.g.
-           "MSELoss: pred has shape (4, 1) but target has shape (4,); the shapes must be equal
-           (reshape one of them)". Never let them broadcast.
-        3. If there are no elements, raise ValueError ("MSELoss: empty input ..."): the mean of
-           nothing is undefined.
-        4. `diff = p - t`; return `Tensor(np.mean(diff * diff), dtype=p.dtype)`.
-
-        HINTS:
-        - `diff * diff` is one multiply per element; `** 2` works too.
+        CONTRACT:
+        - `p` and `t` (given below) are float Tensors in the same dtype.
+        - Unequal shapes never broadcast: raise ValueError("MSELoss: pred has shape (4, 1) but
+          target has shape (4,); the shapes must be equal (reshape one of them ...)").
+        - No elements: ValueError("MSELoss: empty input ...") (the mean of nothing is undefined).
+        - The result is a 0-d Tensor of `p`'s dtype.
         """
+        p = as_float(pred)
+        t = as_float(target)
+        if t.dtype != p.dtype:
+            t = t.astype(p.dtype)
         ### BEGIN SOLUTION
-        p = _float_data(pred)
-        t = _float_data(target).astype(p.dtype, copy=False)
         if p.shape != t.shape:
             raise ValueError(
                 f"MSELoss: pred has shape {p.shape} but target has shape {t.shape}; the shapes must be "
@@ -99,9 +92,10 @@ class MSELoss(Loss):
             )
         if p.size == 0:
             raise ValueError(f"MSELoss: empty input (pred and target have shape {p.shape}); the mean of no elements is undefined")
-        diff = p - t
-        return Tensor(np.mean(diff * diff), dtype=p.dtype)
+        diff = p.data - t.data
+        out = np.mean(diff * diff)
         ### END SOLUTION
+        return Tensor.from_op(out, "mse", (p, t), (diff,))
 
 # %% ../../modules/04_losses/04_losses.ipynb #losses-cross-entropy
 class CrossEntropyLoss(Loss):
@@ -113,34 +107,29 @@ class CrossEntropyLoss(Loss):
     def forward(self, logits, target) -> Tensor:
         """Return `mean_i(logsumexp(logits[i]) - logits[i, target[i]])` as a 0-d Tensor.
 
-        TODO (Exercise 4.3): validate the inputs, then compute the loss from shifted logits.
+        TODO (Exercise 4.3): validate the inputs, then compute the loss from shifted logits. Keep
+        the shifted logits in `s`, each row's log-sum-exp of them in `lse` (shape `(N,)`), the
+        labels as an integer array in `y` and the loss array in `out`: the backward rule of
+        module 06 turns `s` and `lse` into softmax probabilities without recomputing them.
 
-        APPROACH:
-        1. `z = _float_data(logits)`; `y = _data(target)` (Tensors, arrays and lists all work).
-        2. Validate, in this order, with the errors of the table above:
-           - `z.ndim == 2` and both dimensions > 0, else ValueError
-             "CrossEntropyLoss: logits must have shape (N, C) with N, C >= 1; got shape ...".
-           - `y.dtype.kind in "iu"`, else TypeError
-             "CrossEntropyLoss: targets must be integer class indices; got dtype float32".
-           - `y.shape == (N,)`, else ValueError
-             "CrossEntropyLoss: logits of shape (4, 3) need targets of shape (4,); got targets of shape (4, 1)".
-           - every label in `0..C-1`: find the first bad position `i` with a vectorised mask
-             (`np.flatnonzero`), and raise ValueError
-             "CrossEntropyLoss: target[2] = 7 is out of range for 5 classes (valid labels: 0..4)".
-        3. `s = z - z.max(axis=1, keepdims=True)` (shifted logits, every row's max is 0).
-        4. `per_sample = log_sum_exp(Tensor(s, dtype=s.dtype), axis=1).data - s[np.arange(N), y]`
-           (wrapping `s` as `Tensor(s, dtype=s.dtype)` keeps float64 logits in float64: a bare
-           array would follow Tensor's float32 default).
-        5. Return `Tensor(per_sample.mean(), dtype=z.dtype)`.
+        CONTRACT (the errors, checked in this order, with these texts):
+        - logits not 2-D or with an empty dimension: ValueError("CrossEntropyLoss: logits must
+          have shape (N, C) with N, C >= 1; got shape (3,)").
+        - labels not integers: TypeError("CrossEntropyLoss: targets must be integer class indices
+          (0..4); got dtype float32").
+        - labels not of shape (N,): ValueError("CrossEntropyLoss: logits of shape (4, 3) need
+          targets of shape (4,); got targets of shape (4, 1)").
+        - a label outside 0..C-1: ValueError("CrossEntropyLoss: target[2] = 7 is out of range for
+          5 classes (valid labels: 0..4)"), naming the *first* bad position, found without a
+          Python loop.
+        - The result is a 0-d Tensor of the logits' dtype (float64 stays float64).
 
-        HINTS:
-        - `log_sum_exp` (your Exercise 4.1) subtracts the max again; on shifted logits that max
-          is 0, so it costs one extra pass and changes nothing.
-        - `bad = (y < 0) | (y >= C)`; `np.flatnonzero(bad)[0]` is the first offending position.
+        HINTS: `np.flatnonzero`; integer-array indexing picks one logit per row; the identity
+        of Exercise 4.1 on the shifted logits.
         """
+        z = as_float(logits)
         ### BEGIN SOLUTION
-        z = _float_data(logits)
-        y = _data(target)
+        y = as_tensor(target).data
         if z.ndim != 2 or z.shape[0] == 0 or z.shape[1] == 0:
             raise ValueError(f"CrossEntropyLoss: logits must have shape (N, C) with N, C >= 1; got shape {z.shape}")
         n, c = z.shape
@@ -160,10 +149,11 @@ class CrossEntropyLoss(Loss):
                 f"CrossEntropyLoss: target[{i}] = {int(y[i])} is out of range for {c} classes "
                 f"(valid labels: 0..{c - 1}); {int(bad.sum())} of {n} labels are out of range"
             )
-        s = z - z.max(axis=1, keepdims=True)
-        per_sample = log_sum_exp(Tensor(s, dtype=s.dtype), axis=1).data - s[np.arange(n), y]
-        return Tensor(per_sample.mean(), dtype=z.dtype)
+        s = z.data - z.data.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(s).sum(axis=1))
+        out = (lse - s[np.arange(n), y]).mean()
         ### END SOLUTION
+        return Tensor.from_op(out, "cross_entropy", (z,), (s, lse, y))
 
 # %% ../../modules/04_losses/04_losses.ipynb #losses-bce
 class BinaryCrossEntropyLoss(Loss):
@@ -184,51 +174,51 @@ class BinaryCrossEntropyLoss(Loss):
     def forward(self, pred, target) -> Tensor:
         """Return `mean(-(t * log(p) + (1 - t) * log(1 - p)))` with `p` clipped, as a 0-d Tensor.
 
-        TODO (Exercise 4.4): validate, clip in the right dtype, compute.
+        TODO (Exercise 4.4): validate, clip in the right dtype, compute. Keep the clipped
+        probabilities in `pc`, the target array in `ta` and the loss array in `out`.
 
-        APPROACH:
-        1. `p = _float_data(pred)`; `t = _float_data(target).astype(p.dtype)`.
-        2. Validate:
-           - equal shapes, else ValueError naming both ("BinaryCrossEntropyLoss: pred has shape
-             (4, 1) but target has shape (4,); the shapes must be equal"), and at least one element;
-           - `p` in [0, 1], else ValueError naming the smallest and largest value found and saying
-             "apply Sigmoid first" (these look like logits);
-           - `t` in [0, 1], else ValueError naming the first bad position and value.
-        3. Clip: `lo = eps`, `hi = min(1 - eps, largest number below 1 in p.dtype)`, both in
-           `p.dtype`; `p = np.clip(p, lo, hi)`.
-        4. `per_elem = -(t * np.log(p) + (1 - t) * np.log1p(-p))`;
-           return `Tensor(per_elem.mean(), dtype=p.dtype)`.
+        CONTRACT:
+        - `p` and `t` (given below) are float Tensors in the same dtype.
+        - Unequal shapes: ValueError("BinaryCrossEntropyLoss: pred has shape (4, 1) but target has
+          shape (4,); the shapes must be equal ..."); no elements: ValueError("... empty input ...").
+        - `pred` outside [0, 1]: ValueError naming the smallest and largest value found and
+          ending "These look like logits: apply Sigmoid first". NaN passes (and gives a NaN loss).
+        - a target outside [0, 1]: ValueError naming the first bad (flattened) position and value.
+        - Clip bounds are computed *in p's dtype*: in float32, `1 - 1e-8` rounds to exactly 1, and
+          `log(1 - 1)` is `-inf`; the upper bound must stay below 1 (see the cell above).
+        - The result is a 0-d Tensor of `p`'s dtype.
 
-        HINTS:
-        - `np.nextafter(p.dtype.type(1), p.dtype.type(0))` is the largest number below 1.
-        - `(p < 0) | (p > 1)` is False for NaN, so NaN passes the check (and gives a NaN loss).
+        HINTS: `np.nextafter`, `np.clip`, `np.log1p` (accurate `log(1 - p)` for small p).
         """
+        p = as_float(pred)
+        t = as_float(target)
+        if t.dtype != p.dtype:
+            t = t.astype(p.dtype)
         ### BEGIN SOLUTION
-        p = _float_data(pred)
-        t = _float_data(target).astype(p.dtype, copy=False)
-        if p.shape != t.shape:
+        pa, ta = p.data, t.data
+        if pa.shape != ta.shape:
             raise ValueError(
-                f"BinaryCrossEntropyLoss: pred has shape {p.shape} but target has shape {t.shape}; "
+                f"BinaryCrossEntropyLoss: pred has shape {pa.shape} but target has shape {ta.shape}; "
                 f"the shapes must be equal (reshape one of them)"
             )
-        if p.size == 0:
-            raise ValueError(f"BinaryCrossEntropyLoss: empty input (shape {p.shape}); the mean of no elements is undefined")
-        if ((p < 0) | (p > 1)).any():
+        if pa.size == 0:
+            raise ValueError(f"BinaryCrossEntropyLoss: empty input (shape {pa.shape}); the mean of no elements is undefined")
+        if ((pa < 0) | (pa > 1)).any():
             raise ValueError(
                 f"BinaryCrossEntropyLoss: pred must hold probabilities in [0, 1]; found values from "
-                f"{np.nanmin(p):g} to {np.nanmax(p):g}. These look like logits: apply Sigmoid first"
+                f"{np.nanmin(pa):g} to {np.nanmax(pa):g}. These look like logits: apply Sigmoid first"
             )
-        bad = (t < 0) | (t > 1)
+        bad = (ta < 0) | (ta > 1)
         if bad.any():
             i = int(np.flatnonzero(bad.ravel())[0])
             raise ValueError(
                 f"BinaryCrossEntropyLoss: targets must be in [0, 1] (usually 0 or 1); "
-                f"target element {i} (flattened) is {t.ravel()[i]:g}"
+                f"target element {i} (flattened) is {ta.ravel()[i]:g}"
             )
-        one = p.dtype.type(1)
-        lo = p.dtype.type(self.eps)
-        hi = min(p.dtype.type(1 - self.eps), np.nextafter(one, p.dtype.type(0)))
-        p = np.clip(p, lo, hi)
-        per_elem = -(t * np.log(p) + (one - t) * np.log1p(-p))
-        return Tensor(per_elem.mean(), dtype=p.dtype)
+        one = pa.dtype.type(1)
+        lo = pa.dtype.type(self.eps)
+        hi = min(pa.dtype.type(1 - self.eps), np.nextafter(one, pa.dtype.type(0)))
+        pc = np.clip(pa, lo, hi)
+        out = (-(ta * np.log(pc) + (one - ta) * np.log1p(-pc))).mean()
         ### END SOLUTION
+        return Tensor.from_op(out, "binary_cross_entropy", (p, t), (pc, ta))

@@ -8,7 +8,8 @@ import numbers
 import numpy as np
 
 # %% auto #0
-__all__ = ['broadcast_shape', 'Tensor']
+__all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'Tensor', 'where', 'concatenate',
+           'stack']
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-broadcast-shape
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
@@ -50,34 +51,94 @@ def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
     return tuple(out)
     ### END SOLUTION
 
+# %% ../../modules/01_tensor/01_tensor.ipynb #tensor-records
+_GRAD_ENABLED = True
+
+
+def is_grad_enabled() -> bool:
+    "True when new op results record how they were made (the default); see `set_grad_enabled`."
+    return _GRAD_ENABLED
+
+
+def set_grad_enabled(mode: bool) -> bool:
+    """Turn recording of op results on or off for the whole program; returns the previous mode.
+
+    Module 06's `no_grad()` is built on this: inference and optimizer updates need no graph.
+    """
+    global _GRAD_ENABLED
+    previous, _GRAD_ENABLED = _GRAD_ENABLED, bool(mode)
+    return previous
+
+
+class Node:
+    """How a tensor was made: the op's name, its input tensors and what its backward rule needs.
+
+    `inputs` holds one entry per operand: the input Tensor, or None for a constant (a Python
+    number, a NumPy array). `saved` is a tuple of whatever the op's backward rule needs (input
+    arrays, an axis, an index...), chosen by the op that builds the result. Each op gets its own
+    subclass, so `type(t.grad_fn).__name__` names the op, as in PyTorch: `MulBackward`.
+    """
+
+    __slots__ = ("op", "inputs", "saved")
+
+    def __init__(self, op: str, inputs: tuple, saved: tuple = ()):
+        self.op, self.inputs, self.saved = op, inputs, saved
+
+    def __repr__(self) -> str:
+        if self.inputs is None:
+            return f"<{type(self).__name__}: released>"
+        return f"<{type(self).__name__}: {sum(t is not None for t in self.inputs)} tensor input(s)>"
+
+
+_NODE_TYPES: dict = {}
+
+
+def node_type(op: str) -> type:
+    "The Node subclass of `op` (created once): 'mul' -> MulBackward, 'log_softmax' -> LogSoftmaxBackward."
+    cls = _NODE_TYPES.get(op)
+    if cls is None:
+        name = "".join(part[:1].upper() + part[1:] for part in op.split("_")) + "Backward"
+        cls = _NODE_TYPES[op] = type(name, (Node,), {"__slots__": ()})
+    return cls
+
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-class
+_new = object.__new__
+
+
 class Tensor:
     """An n-dimensional array of numbers over a NumPy buffer, with room for a gradient.
 
     `Tensor(data, dtype=None, requires_grad=False)`: `data` may be a Python number, a (nested)
     list, a NumPy array or another Tensor. Floating-point data is stored as float32 unless `dtype`
     says otherwise; integer and boolean data keep their kind (class labels stay integers).
+
+    Every operation returns its result through `Tensor.from_op`, which records how the result was
+    made (`grad_fn`) whenever an input requires grad: module 06 walks those records backwards.
     """
 
+    __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_retains_grad", "__weakref__")
     # Make `ndarray + Tensor` call Tensor.__radd__ instead of NumPy broadcasting over the Tensor.
     __array_priority__ = 1000
 
     def __init__(self, data, dtype=None, requires_grad=False):
-        """Store `data` as a NumPy array in `self.data`; set `requires_grad` and `grad`.
+        """Store `data` as a NumPy array in `self.data` and the flag `self.requires_grad`.
 
-        TODO (Exercise 1.2): convert `data` into a NumPy array with the right dtype.
+        TODO (Exercise 1.2): the dtype policy of the course.
 
-        APPROACH:
-        1. If `data` is a Tensor, take its `.data` array.
-        2. With `dtype` given, convert with `np.asarray(data, dtype=dtype)`.
-        3. Without it, convert with `np.asarray(data)`; floating-point results become float32;
-           integers and booleans keep their dtype.
-        4. Reject non-numeric data (strings, objects) with a TypeError that names the dtype found.
-        5. Set `self.requires_grad = bool(requires_grad)` and `self.grad = None`.
+        CONTRACT:
+        - `data`: a Tensor (use its array), a NumPy array, a nested list or a Python number.
+        - With `dtype` given, the array has exactly that dtype. Without it, floating-point data of
+          any precision becomes float32; integer and boolean data keep their dtype.
+        - No copy when none is needed: `Tensor(float32_array).data` shares the caller's buffer.
+        - Non-numeric data (strings, objects, complex) raises
+          `TypeError("Tensor data must be numeric (float, int or bool); got dtype <U1 from list")`.
+        - `requires_grad=True` is only allowed for floating-point data; otherwise raise
+          `TypeError("requires_grad=True needs floating-point data; got dtype int64 ...")`
+          (a gradient of an integer is not defined).
 
-        HINTS:
-        - `arr.dtype.kind` is 'f' for floats, 'i'/'u' for integers, 'b' for bool, 'c' complex.
-        - `np.asarray` does not copy when it does not have to: keep it that way.
+        EXAMPLE: `Tensor([[1, 2], [3, 4]]).dtype` is int64; `Tensor([0.5]).dtype` is float32.
+
+        HINTS: `np.asarray`; an array's `dtype.kind` is one letter ('f', 'i', 'u', 'b', 'c', ...).
         """
         ### BEGIN SOLUTION
         if isinstance(data, Tensor):
@@ -93,10 +154,41 @@ class Tensor:
                 f"Tensor data must be numeric (float, int or bool); got dtype {arr.dtype} "
                 f"from {type(data).__name__}"
             )
+        if requires_grad and arr.dtype.kind != "f":
+            raise TypeError(
+                f"requires_grad=True needs floating-point data; got dtype {arr.dtype} (a gradient of "
+                f"an integer is not defined): pass dtype=np.float32 or float values"
+            )
         self.data = arr
         self.requires_grad = bool(requires_grad)
-        self.grad = None
         ### END SOLUTION
+        self.grad = None
+        self.grad_fn = None
+        self._retains_grad = False
+
+    # ----- the one constructor of op results (given) -----
+    @staticmethod
+    def from_op(data: np.ndarray, op: str, inputs: tuple, saved: tuple = ()) -> "Tensor":
+        """Wrap the array `data` computed by op `op` from `inputs`, recording how it was made.
+
+        `inputs` has one entry per operand: the input Tensor, or None for a constant. `saved` is
+        whatever the op's backward rule will need. The record (`grad_fn`) is made only when grad
+        mode is on and some input requires grad; otherwise this is just a fast wrapper (it skips
+        `__init__`'s dtype policy: the op already produced the right dtype).
+        """
+        out = _new(Tensor)
+        out.data = data if type(data) is np.ndarray else np.asarray(data)
+        out.grad = None
+        out._retains_grad = False
+        if _GRAD_ENABLED:
+            for t in inputs:
+                if t is not None and t.requires_grad:
+                    out.requires_grad = True
+                    out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(op, inputs, saved)
+                    return out
+        out.requires_grad = False
+        out.grad_fn = None
+        return out
 
     # ----- metadata: all of it is read from the NumPy buffer, nothing is copied -----
     @property
@@ -129,20 +221,9 @@ class Tensor:
         "Bytes to step in memory to move one position along each axis."
         return self.data.strides
 
-    @property
-    def T(self) -> "Tensor":
-        "All axes reversed (a view)."
-        return Tensor(self.data.T, requires_grad=self.requires_grad)
-
     def is_contiguous(self) -> bool:
         "True when the elements lie in memory in row-major order with no gaps."
         return bool(self.data.flags["C_CONTIGUOUS"])
-
-    def contiguous(self) -> "Tensor":
-        "This tensor if already contiguous, else a row-major copy."
-        if self.is_contiguous():
-            return self
-        return Tensor(np.ascontiguousarray(self.data), requires_grad=self.requires_grad)
 
     def numpy(self) -> np.ndarray:
         "The underlying NumPy array (shared, not copied)."
@@ -154,102 +235,245 @@ class Tensor:
             raise ValueError(f"item(): only a tensor with one element can become a Python number; this one has shape {self.shape}")
         return self.data.item()
 
-    def astype(self, dtype) -> "Tensor":
-        "A copy converted to `dtype`."
-        return Tensor(self.data.astype(dtype), dtype=dtype, requires_grad=self.requires_grad)
-
     def __len__(self) -> int:
         if self.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __bool__(self) -> bool:
+        if self.data.size != 1:
+            raise ValueError(
+                f"the truth value of a tensor with {self.data.size} elements (shape {self.shape}) is ambiguous: "
+                f"use .any() or .all() on its .data, or compare one element"
+            )
+        return bool(self.data)
+
+    __hash__ = object.__hash__  # tensors are hashable by identity (== is elementwise, as in PyTorch)
+
     def __repr__(self) -> str:
         body = np.array2string(self.data, precision=4, separator=", ", prefix="Tensor(", threshold=50)
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor({body}, shape={self.shape}, dtype={self.dtype}{grad})"
+        extra = f", grad_fn=<{type(self.grad_fn).__name__}>" if self.grad_fn is not None else (
+            ", requires_grad=True" if self.requires_grad else "")
+        return f"Tensor({body}, shape={self.shape}, dtype={self.dtype}{extra})"
+
+    # ----- autograd hooks (module 06 fills them in) -----
+    @property
+    def is_leaf(self) -> bool:
+        "True for tensors made by the user (no `grad_fn`), False for results of recorded ops."
+        return self.grad_fn is None
+
+    def detach(self) -> "Tensor":
+        "The same data (shared, not copied) as a new tensor that is cut from the graph."
+        return Tensor.from_op(self.data, "detach", ())
+
+    def retain_grad(self) -> "Tensor":
+        "Ask backward to keep `.grad` on this non-leaf tensor too (leaves always get one)."
+        self._retains_grad = True
+        return self
+
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Compute the gradient of this tensor with respect to every leaf it was made from.
+
+        The backward rules and the traversal are yours to write in module 06
+        (`tinytorch.core.autograd`). This method is the one documented place where module 01
+        calls forward into a later module (see modules/README.md): no class is patched.
+        """
+        try:
+            from tinytorch.core.autograd import backward as run_backward
+        except ModuleNotFoundError as e:
+            if e.name not in ("tinytorch.core.autograd", "tinytorch.core"):
+                raise
+            raise RuntimeError(
+                "backward() needs module 06 (autograd), which is not in your package yet: "
+                "`tito module start 06`, then `tito module complete 06`"
+            ) from None
+        run_backward(self, grad, retain_graph)
 
     # ----- elementwise arithmetic -----
     def _elementwise(self, other, fn, op: str) -> "Tensor":
         """Apply the NumPy ufunc `fn` to `self` and `other` with broadcasting; return a new Tensor.
 
-        TODO (Exercise 1.3): one code path for every binary operator.
+        TODO (Exercise 1.3): one code path for every binary operator. Leave the two operand
+        arrays in `a` and `b` and the result in `out`: the given lines after your code record the
+        op for module 06.
 
-        APPROACH:
-        1. Turn `other` into an array: a Tensor gives its `.data`; a Python number becomes a
-           0-d array of *this* tensor's dtype when it is of the same kind (any number with a
-           float tensor, so `x * 2` stays float32; an int with an int tensor); anything else
-           goes through `np.asarray`.
-        2. Check the shapes with `broadcast_shape(self.shape, other.shape, op)`: it raises the
-           clear error for you.
-        3. Return `Tensor(fn(self.data, other_array))`.
+        CONTRACT:
+        - `other` is a Tensor, a Python number, or anything `Tensor(...)` accepts (an array).
+        - A Python number keeps this tensor's dtype (`x * 2` and `x * 0.5` stay float32), except
+          that a float number with an integer tensor computes in float32.
+        - Shapes that cannot broadcast raise the ValueError of `broadcast_shape`, which names `op`
+          and both shapes. Check only when the shapes differ: this runs on every `+` of a network,
+          and equal shapes always broadcast.
+        - No Python loop over elements: one call of `fn`.
 
-        HINTS:
-        - `isinstance(other, numbers.Number)` recognises Python scalars (and NumPy scalars).
-        - `np.asarray(2.0, dtype=self.dtype)`.
+        HINTS: `isinstance(other, (int, float))`; NumPy 2 keeps an array's dtype when the other
+        operand is a Python number; `ndarray.astype`.
         """
         ### BEGIN SOLUTION
+        a = self.data
         if isinstance(other, Tensor):
-            other_data = other.data
-        elif isinstance(other, numbers.Number) and not isinstance(other, bool):
-            same_kind = self.dtype.kind == "f" or (isinstance(other, numbers.Integral) and self.dtype.kind in "iu")
-            other_data = np.asarray(other, dtype=self.dtype if same_kind else None)
+            b = other.data
+            if a.shape != b.shape:
+                broadcast_shape(a.shape, b.shape, op)
+        elif isinstance(other, (int, float)):
+            b = other
+            if a.dtype.kind != "f" and isinstance(other, float):
+                a = a.astype(np.float32)
         else:
-            other_data = np.asarray(other)
-        broadcast_shape(self.shape, other_data.shape, op)
-        return Tensor(fn(self.data, other_data))
+            other = Tensor(other)
+            b = other.data
+            if a.shape != b.shape:
+                broadcast_shape(a.shape, b.shape, op)
+        out = fn(a, b)
         ### END SOLUTION
+        if out.dtype is not a.dtype and out.dtype.kind == "f" and out.dtype != getattr(b, "dtype", None):
+            out = out.astype(np.float32)  # mixing kinds (int and float32) gives float32, not float64
+        return Tensor.from_op(out, op, (self, other if isinstance(other, Tensor) else None), (a, b))
+
+    def _reflected(self, other, fn, op: str) -> "Tensor":
+        "`other (op) self` for a non-Tensor `other` on the left: lift it to a constant Tensor first."
+        if isinstance(other, (int, float)) and (self.dtype.kind == "f" or isinstance(other, int)):
+            other = Tensor.from_op(np.asarray(other, dtype=self.dtype), "constant", ())
+        else:
+            other = Tensor(other)
+        return other._elementwise(self, fn, op)
 
     def __add__(self, other):
         return self._elementwise(other, np.add, "add")
 
     def __radd__(self, other):
-        return self._elementwise(other, lambda a, b: np.add(b, a), "add")
+        return self._elementwise(other, np.add, "add")
 
     def __sub__(self, other):
         return self._elementwise(other, np.subtract, "sub")
 
     def __rsub__(self, other):
-        return self._elementwise(other, lambda a, b: np.subtract(b, a), "sub")
+        return self._reflected(other, np.subtract, "sub")
 
     def __mul__(self, other):
         return self._elementwise(other, np.multiply, "mul")
 
     def __rmul__(self, other):
-        return self._elementwise(other, lambda a, b: np.multiply(b, a), "mul")
+        return self._elementwise(other, np.multiply, "mul")
 
     def __truediv__(self, other):
         return self._elementwise(other, np.true_divide, "div")
 
     def __rtruediv__(self, other):
-        return self._elementwise(other, lambda a, b: np.true_divide(b, a), "div")
+        return self._reflected(other, np.true_divide, "div")
 
     def __pow__(self, other):
         return self._elementwise(other, np.power, "pow")
 
     def __rpow__(self, other):
-        return self._elementwise(other, lambda a, b: np.power(b, a), "pow")
+        return self._reflected(other, np.power, "pow")
 
     def __neg__(self):
-        return Tensor(np.negative(self.data))
+        return Tensor.from_op(np.negative(self.data), "neg", (self,))
+
+    # ----- comparisons: boolean results, never part of the graph -----
+    def _compare(self, other, fn, op: str) -> "Tensor":
+        b = other.data if isinstance(other, Tensor) else other
+        if not isinstance(b, (int, float)):
+            b = np.asarray(b)
+            if self.shape != b.shape:
+                broadcast_shape(self.shape, b.shape, op)
+        return Tensor.from_op(fn(self.data, b), op, ())
+
+    def __lt__(self, other):
+        return self._compare(other, np.less, "lt")
+
+    def __le__(self, other):
+        return self._compare(other, np.less_equal, "le")
+
+    def __gt__(self, other):
+        return self._compare(other, np.greater, "gt")
+
+    def __ge__(self, other):
+        return self._compare(other, np.greater_equal, "ge")
+
+    def __eq__(self, other):
+        return self._compare(other, np.equal, "eq")
+
+    def __ne__(self, other):
+        return self._compare(other, np.not_equal, "ne")
+
+    # ----- elementwise functions: one path for all of them -----
+    def _unary(self, fn, op: str) -> "Tensor":
+        """Apply the NumPy ufunc `fn` to every element; return a new Tensor.
+
+        TODO (Exercise 1.7): the single path of `exp`, `log`, `sqrt`, `tanh` and `abs`. Leave the
+        input array in `a` and the result in `out`.
+
+        CONTRACT: float tensors keep their dtype; integer and boolean tensors are computed in
+        float32 (`Tensor([1, 2]).exp()` is float32). Values outside the function's domain follow
+        NumPy (`log(-1)` is nan).
+        """
+        ### BEGIN SOLUTION
+        a = self.data
+        if a.dtype.kind != "f":
+            a = a.astype(np.float32)
+        out = fn(a)
+        ### END SOLUTION
+        return Tensor.from_op(out, op, (self,), (a, out))
+
+    def exp(self) -> "Tensor":
+        "e to the power of each element."
+        return self._unary(np.exp, "exp")
+
+    def log(self) -> "Tensor":
+        "Natural logarithm of each element."
+        return self._unary(np.log, "log")
+
+    def sqrt(self) -> "Tensor":
+        "Square root of each element."
+        return self._unary(np.sqrt, "sqrt")
+
+    def tanh(self) -> "Tensor":
+        "Hyperbolic tangent of each element."
+        return self._unary(np.tanh, "tanh")
+
+    def abs(self) -> "Tensor":
+        "Absolute value of each element."
+        return self._unary(np.abs, "abs")
+
+    def masked_fill(self, mask, value) -> "Tensor":
+        """A copy with `value` wherever the boolean `mask` (broadcastable to this shape) is True.
+
+        Used for attention masks: `scores.masked_fill(future, -np.inf)`.
+        """
+        m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"masked_fill: the mask must be boolean; got dtype {m.dtype} (compare first, e.g. x > 0)")
+        if m.shape != self.shape and broadcast_shape(self.shape, m.shape, "masked_fill") != self.shape:
+            raise ValueError(f"masked_fill: a mask of shape {m.shape} would change the shape {self.shape} of the tensor")
+        out = np.where(m, np.asarray(value, dtype=self.dtype), self.data)
+        return Tensor.from_op(out, "masked_fill", (self,), (m,))
 
     # ----- matrix multiplication -----
     def matmul(self, other) -> "Tensor":
         """Matrix product `self @ other` (batched over leading dimensions, like `np.matmul`).
 
-        TODO (Exercise 1.4): check the shapes, then multiply.
+        TODO (Exercise 1.4): check the shapes, then multiply. Leave the operand arrays in `a` and
+        `b` and the product in `out`.
 
-        APPROACH:
-        1. Accept a Tensor or anything `np.asarray` understands.
-        2. Reject 0-d operands: raise ValueError("matmul: ... scalar ...") naming the shapes.
-        3. The inner dimensions must agree: the last axis of `self` and the first axis of a 1-D
-           `other` (or the second-to-last axis otherwise). If not, raise ValueError naming both
-           shapes and the two sizes, e.g. "matmul: shapes (2, 3) and (4, 5) are not aligned:
-           3 (last axis of the first) != 4 (first axis of the second)".
-        4. Return `Tensor(np.matmul(a, b))`: one call into optimised BLAS, no Python loops.
+        CONTRACT:
+        - `other` is a Tensor or anything `Tensor(...)` accepts.
+        - A 0-d operand raises ValueError("matmul: shapes () and (2, 2): a scalar cannot be
+          matrix-multiplied; use * instead").
+        - The inner sizes must agree: the last axis of `self` against the first axis of a 1-D
+          `other`, or its second-to-last axis otherwise. A mismatch raises a ValueError naming both
+          shapes and both sizes: "matmul: shapes (2, 3) and (4, 5) are not aligned: 3 (last axis
+          of the first) != 4 (second-to-last axis of the second)".
+        - Leading (batch) axes of two operands with 3+ dimensions broadcast; incompatible ones
+          raise the error of `broadcast_shape`.
+
+        HINT: one call into BLAS through NumPy (`np.matmul`): never loop in Python.
         """
         ### BEGIN SOLUTION
-        b = other.data if isinstance(other, Tensor) else np.asarray(other)
-        a = self.data
+        if not isinstance(other, Tensor):
+            other = Tensor(other)
+        a, b = self.data, other.data
         if a.ndim == 0 or b.ndim == 0:
             raise ValueError(
                 f"matmul: shapes {a.shape} and {b.shape}: a scalar cannot be matrix-multiplied; use * instead"
@@ -264,8 +488,9 @@ class Tensor:
             )
         if a.ndim > 2 and b.ndim > 2:
             broadcast_shape(a.shape[:-2], b.shape[:-2], f"matmul of {a.shape} and {b.shape} (batch dimensions)")
-        return Tensor(np.matmul(a, b))
+        out = np.matmul(a, b)
         ### END SOLUTION
+        return Tensor.from_op(out, "matmul", (self, other), (a, b))
 
     def __matmul__(self, other):
         return self.matmul(other)
@@ -277,16 +502,16 @@ class Tensor:
     def _reduce(self, fn, axis=None, keepdims=False, op: str = "reduce") -> "Tensor":
         """Apply the NumPy reduction `fn` over `axis` (None: all axes); return a new Tensor.
 
-        TODO (Exercise 1.5): one code path for `sum`, `mean` and `max`.
+        TODO (Exercise 1.5): one code path for `sum`, `mean`, `max` and `var`. Leave the input
+        array in `a` and the result in `out`.
 
-        APPROACH:
-        1. Validate `axis`: None, an int or a tuple of ints, each in `[-ndim, ndim)`. Otherwise
-           raise ValueError naming `op`, the axis and this tensor's shape.
-        2. Return `Tensor(fn(self.data, axis=axis, keepdims=keepdims))`.
-
-        HINTS:
-        - A reduction over all axes gives a 0-d tensor (shape `()`); `item()` turns it into a float.
-        - `max` of an empty tensor is undefined: NumPy raises; let it.
+        CONTRACT:
+        - `axis` is None, an int or a tuple of ints, each in `[-ndim, ndim)`; anything else raises
+          ValueError("sum: axis 2 is out of range for a tensor of shape (2, 3) (valid axes: -2 to 1)").
+        - `keepdims=True` keeps each reduced axis with size 1 (so the result broadcasts against
+          the input).
+        - A reduction over all axes gives a 0-d tensor (shape `()`).
+        - `max` of an empty tensor is undefined: let NumPy raise.
         """
         ### BEGIN SOLUTION
         if axis is not None:
@@ -297,8 +522,10 @@ class Tensor:
                         f"{op}: axis {axis} is out of range for a tensor of shape {self.shape} "
                         f"(valid axes: {-self.ndim} to {self.ndim - 1})"
                     )
-        return Tensor(fn(self.data, axis=axis, keepdims=keepdims))
+        a = self.data
+        out = fn(a, axis=axis, keepdims=keepdims)
         ### END SOLUTION
+        return Tensor.from_op(out, op, (self,), (axis, keepdims, out))
 
     def sum(self, axis=None, keepdims=False) -> "Tensor":
         "Sum over `axis` (all axes when None)."
@@ -312,19 +539,22 @@ class Tensor:
         "Largest element over `axis` (all axes when None)."
         return self._reduce(np.max, axis, keepdims, "max")
 
+    def var(self, axis=None, keepdims=False) -> "Tensor":
+        "Population variance (divides by N, like `np.var`) over `axis` (all axes when None)."
+        return self._reduce(np.var, axis, keepdims, "var")
+
     # ----- views -----
     def reshape(self, *shape) -> "Tensor":
         """The same elements with a new shape; a view (no copy) whenever the memory layout allows.
 
-        TODO (Exercise 1.6a): accept `reshape(2, 3)` and `reshape((2, 3))`, and `-1` for one
-        inferred dimension.
+        TODO (Exercise 1.6a): accept `reshape(2, 3)` and `reshape((2, 3))`, and -1 for one
+        inferred dimension. Leave the result array in `out`.
 
-        APPROACH:
-        1. If a single tuple/list was passed, unpack it.
-        2. Check that the element counts agree (resolve one -1 first); if not, raise ValueError
-           naming the old shape, the requested shape and both element counts.
-        3. Return `Tensor(self.data.reshape(shape), requires_grad=self.requires_grad)`.
-           NumPy returns a view when it can and copies only when the strides make a view impossible.
+        CONTRACT: the element counts must agree, else ValueError naming the old shape, the
+        requested shape and both counts: "reshape: cannot reshape tensor of shape (6,)
+        (6 elements) into (4, 2) (8 elements)". At most one -1.
+
+        HINT: NumPy's own `reshape` returns a view when the strides allow it and copies otherwise.
         """
         ### BEGIN SOLUTION
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -344,28 +574,44 @@ class Tensor:
                 f"reshape: cannot reshape tensor of shape {self.shape} ({self.size} elements) "
                 f"into {shape} ({known} elements)"
             )
-        return Tensor(self.data.reshape(shape), requires_grad=self.requires_grad)
+        out = self.data.reshape(shape)
         ### END SOLUTION
+        return Tensor.from_op(out, "reshape", (self,))
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
         """Swap two axes (the last two by default); always a view.
 
-        TODO (Exercise 1.6b): swap the strides, not the data.
+        TODO (Exercise 1.6b): swap the strides, not the data. Leave the result array in `out`.
 
-        APPROACH:
-        1. A tensor with fewer than 2 dimensions is returned as it is (a 1-D vector has no
-           second axis to swap).
-        2. Check both axes are in range; raise ValueError naming them and the shape otherwise.
-        3. Return `Tensor(np.swapaxes(self.data, dim0, dim1), requires_grad=self.requires_grad)`.
+        CONTRACT: a tensor with fewer than 2 dimensions is returned as it is. An axis outside
+        `[-ndim, ndim)` raises ValueError("transpose: axis 3 is out of range for a tensor of
+        shape (2, 3)").
         """
-        ### BEGIN SOLUTION
         if self.ndim < 2:
-            return Tensor(self.data, requires_grad=self.requires_grad)
+            return self
+        ### BEGIN SOLUTION
         for d in (dim0, dim1):
             if not -self.ndim <= d < self.ndim:
                 raise ValueError(f"transpose: axis {d} is out of range for a tensor of shape {self.shape}")
-        return Tensor(np.swapaxes(self.data, dim0, dim1), requires_grad=self.requires_grad)
+        out = np.swapaxes(self.data, dim0, dim1)
         ### END SOLUTION
+        return Tensor.from_op(out, "transpose", (self,), (dim0, dim1))
+
+    @property
+    def T(self) -> "Tensor":
+        "All axes reversed (a view)."
+        return Tensor.from_op(self.data.T, "permute", (self,), (tuple(range(self.ndim - 1, -1, -1)),))
+
+    def contiguous(self) -> "Tensor":
+        "This tensor if already contiguous, else a row-major copy."
+        if self.is_contiguous():
+            return self
+        return Tensor.from_op(np.ascontiguousarray(self.data), "contiguous", (self,))
+
+    def astype(self, dtype) -> "Tensor":
+        "A copy converted to `dtype` (only a floating-point result stays in the graph)."
+        out = self.data.astype(dtype)
+        return Tensor.from_op(out, "astype", (self,) if out.dtype.kind == "f" else ())
 
     def __getitem__(self, index) -> "Tensor":
         "Indexing and slicing as in NumPy (basic slices give views); Tensor indices are allowed."
@@ -373,4 +619,79 @@ class Tensor:
             index = index.data
         elif isinstance(index, tuple):
             index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
-        return Tensor(self.data[index], requires_grad=self.requires_grad)
+        return Tensor.from_op(self.data[index], "getitem", (self,), (index,))
+
+# %% ../../modules/01_tensor/01_tensor.ipynb #tensor-combine
+def where(condition, x, y) -> Tensor:
+    """Elementwise choice: `x` where the boolean `condition` is True, `y` elsewhere (broadcasting).
+
+    TODO (Exercise 1.8a): check and choose, without a Python loop. Leave the result in `out`.
+
+    CONTRACT:
+    - `condition` is a boolean Tensor or array; anything else raises
+      TypeError("where: condition must be boolean; got dtype float32 (compare first, e.g. x > 0)").
+    - `x` and `y` are Tensors or numbers; the three shapes broadcast together (else the error of
+      `broadcast_shape`, naming the shapes).
+    - The result has the dtype NumPy gives the two branches (float32 for float32 branches).
+
+    EXAMPLE: `where(Tensor([True, False]), Tensor([1., 2.]), 0.0)` is `Tensor([1., 0.])`.
+    """
+    ### BEGIN SOLUTION
+    c = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    if c.dtype != np.bool_:
+        raise TypeError(f"where: condition must be boolean; got dtype {c.dtype} (compare first, e.g. x > 0)")
+    xd = x.data if isinstance(x, Tensor) else x
+    yd = y.data if isinstance(y, Tensor) else y
+    shapes = [np.shape(v) for v in (c, xd, yd)]
+    broadcast_shape(broadcast_shape(shapes[0], shapes[1], "where"), shapes[2], "where")
+    out = np.where(c, xd, yd)
+    ### END SOLUTION
+    return Tensor.from_op(out, "where", (None, x if isinstance(x, Tensor) else None,
+                                         y if isinstance(y, Tensor) else None), (c,))
+
+
+def _check_joinable(tensors, axis: int, op: str, same_axis: bool) -> list:
+    "The tensors to join as a list, after the checks both `concatenate` and `stack` need."
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError(f"{op}: needs at least one tensor; got an empty sequence")
+    ndim = tensors[0].ndim + (0 if same_axis else 1)
+    if not -ndim <= axis < ndim or (same_axis and ndim == 0):
+        raise ValueError(f"{op}: axis {axis} is out of range for tensors of shape {tensors[0].shape}")
+    first = tensors[0].shape
+    for i, t in enumerate(tensors[1:], 1):
+        a, b = list(first), list(t.shape)
+        if same_axis and len(a) == len(b):
+            a[axis], b[axis] = 0, 0
+        if a != b:
+            rule = "equal except along the axis" if same_axis else "equal"
+            raise ValueError(f"{op}: tensor 0 has shape {first} but tensor {i} has shape {t.shape}; shapes must be {rule}")
+    return tensors
+
+
+def concatenate(tensors, axis: int = 0) -> Tensor:
+    """Join tensors end to end along an existing `axis` (a new buffer: this copies).
+
+    TODO (Exercise 1.8b): one NumPy call on the arrays. Leave the result in `out`.
+
+    CONTRACT: shapes must agree on every axis but `axis`; `_check_joinable` (given) raises the
+    error naming the two shapes that disagree. `concatenate([a, b], axis=1)` of shapes (2, 3) and
+    (2, 4) has shape (2, 7).
+    """
+    tensors = _check_joinable(tensors, axis, "concatenate", same_axis=True)
+    ### BEGIN SOLUTION
+    out = np.concatenate([t.data for t in tensors], axis=axis)
+    ### END SOLUTION
+    return Tensor.from_op(out, "concatenate", tuple(tensors), (axis, [t.shape[axis] for t in tensors]))
+
+
+def stack(tensors, axis: int = 0) -> Tensor:
+    """Join equal-shaped tensors along a new `axis`: n tensors of shape (3,) stack to (n, 3).
+
+    TODO (Exercise 1.8c): one NumPy call on the arrays. Leave the result in `out`.
+    """
+    tensors = _check_joinable(tensors, axis, "stack", same_axis=False)
+    ### BEGIN SOLUTION
+    out = np.stack([t.data for t in tensors], axis=axis)
+    ### END SOLUTION
+    return Tensor.from_op(out, "stack", tuple(tensors), (axis,))
