@@ -287,7 +287,12 @@ class Tensor:
                 "backward() needs module 06 (autograd), which is not in your package yet: "
                 "`tito module start 06`, then `tito module complete 06`"
             ) from None
-        run_backward(self, grad, retain_graph)
+        try:
+            run_backward(self, grad, retain_graph)
+        except NotImplementedError as e:  # a stub of module 06: say where it lives
+            e.add_note("backward() runs module 06 (autograd, tinytorch/core/autograd.py), which is not complete "
+                       "in your package yet: `tito module complete 06`")
+            raise
 
     # ----- elementwise arithmetic -----
     def _elementwise(self, other, fn, op: str) -> "Tensor":
