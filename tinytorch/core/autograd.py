@@ -147,7 +147,7 @@ def restore_reduced(grad, node) -> np.ndarray:
     if axis is None:
         return grad.reshape((1,) * ndim)
     if not keepdims:
-        axes = axis if isinstance(axis, tuple) else (axis,)
+        axes = tuple(axis) if isinstance(axis, tuple) else (axis,)
         grad = np.expand_dims(grad, tuple(a % ndim for a in axes))
     return grad
 
