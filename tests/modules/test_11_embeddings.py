@@ -1,0 +1,164 @@
+"""Module 11 (embeddings): `tinytorch.text.embeddings` against PyTorch and the formulas.
+
+The lookup and its gradient are compared with `torch.nn.functional.embedding` on hypothesis-drawn
+table sizes and id shapes (repeated ids included); the positional encodings with the formula of
+"Attention Is All You Need" computed independently in float64.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinytorch.core.layers import Linear
+from tinytorch.core.tensor import Tensor
+from tinytorch.text.embeddings import (Embedding, EmbeddingLookup, LearnedPositionalEmbedding,
+                                       SinusoidalPositionalEncoding, check_ids, sinusoidal_positions)
+
+pytestmark = pytest.mark.module("11")
+PROPERTY = settings(max_examples=40, deadline=None)
+
+
+@st.composite
+def tables_and_ids(draw):
+    v = draw(st.integers(1, 30), label="num_embeddings")
+    d = draw(st.integers(1, 8), label="embedding_dim")
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=0, max_size=3), label="ids shape"))
+    ids = np.array(draw(st.lists(st.integers(0, v - 1), min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
+                   dtype=np.int64).reshape(shape)
+    return v, d, ids
+
+
+@pytest.mark.exercise("11.1", "EmbeddingLookup.forward")
+@PROPERTY
+@given(case=tables_and_ids(), seed=st.integers(0, 2**16))
+def test_lookup_matches_numpy_gather(case, seed):
+    v, d, ids = case
+    w = np.random.default_rng(seed).standard_normal((v, d)).astype(np.float32)
+    out = EmbeddingLookup.apply(Tensor(w), ids)
+    assert out.shape == ids.shape + (d,), f"ids of shape {ids.shape} in a ({v}, {d}) table gave {out.shape}"
+    np.testing.assert_array_equal(out.data, w[ids], err_msg="the lookup must return the rows the ids name")
+
+
+@pytest.mark.exercise("11.2", "EmbeddingLookup.backward")
+@PROPERTY
+@given(case=tables_and_ids(), seed=st.integers(0, 2**16))
+def test_lookup_gradient_matches_torch(case, seed):
+    torch = pytest.importorskip("torch")
+    v, d, ids = case
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((v, d)).astype(np.float32)
+    up = rng.standard_normal(ids.shape + (d,)).astype(np.float32)
+    emb = Embedding(v, d)
+    emb.weight.data[...] = w
+    (emb(ids) * Tensor(up)).sum().backward()
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.embedding(torch.tensor(ids), tw) * torch.tensor(up)).sum().backward()
+    np.testing.assert_allclose(emb.weight.grad.data, tw.grad.numpy(), rtol=1e-5, atol=1e-5,
+                               err_msg=f"table gradient differs from torch for ids {ids.tolist()} (repeated ids must add up)")
+
+
+@pytest.mark.exercise("11.2", "EmbeddingLookup.backward")
+def test_unused_rows_get_zero_gradient_and_repeats_accumulate():
+    emb = Embedding(6, 3, rng=0)
+    emb(np.array([[4, 4], [4, 1]])).sum().backward()
+    g = emb.weight.grad.data
+    assert np.allclose(g[4], 3) and np.allclose(g[1], 1), f"id 4 was used 3 times, id 1 once; got rows {g[4]}, {g[1]}"
+    assert np.allclose(g[[0, 2, 3, 5]], 0), "rows no id used must have zero gradient"
+
+
+def test_embedding_in_a_graph_with_linear_matches_torch():
+    torch = pytest.importorskip("torch")
+    emb, lin = Embedding(10, 4, rng=1), Linear(4, 3, rng=2)
+    ids = np.array([[1, 2, 2], [9, 0, 1]])
+    y = lin(emb(ids)).tanh().sum()
+    y.backward()
+    tw = torch.tensor(emb.weight.data, requires_grad=True)
+    tl = torch.tensor(lin.weight.data, requires_grad=True)
+    tb = torch.tensor(lin.bias.data, requires_grad=True)
+    ty = torch.tanh(torch.nn.functional.embedding(torch.tensor(ids), tw) @ tl.T + tb).sum()
+    ty.backward()
+    np.testing.assert_allclose(y.item(), ty.item(), rtol=1e-5)
+    for ours, theirs, name in ((emb.weight, tw, "embedding"), (lin.weight, tl, "linear weight"), (lin.bias, tb, "bias")):
+        np.testing.assert_allclose(ours.grad.data, theirs.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (np.array([0, 7]), IndexError, ["7", "0..5", "(1,)"]),
+    (np.array([[0, -1]]), IndexError, ["-1", "(0, 1)"]),
+    (np.array([0.0, 1.0]), TypeError, ["integer", "float64"]),
+])
+def test_bad_ids_are_named(bad, error, words):
+    with pytest.raises(error) as info:
+        Embedding(6, 2, rng=0)(bad)
+    for w in words:
+        assert w in str(info.value), f"the error should mention {w!r}; got: {info.value}"
+
+
+def test_check_ids_accepts_tensors_and_lists():
+    assert check_ids(Tensor([1, 2]), 3).tolist() == [1, 2]
+    assert check_ids([[0]], 1).shape == (1, 1)
+
+
+@pytest.mark.parametrize("n, d", [(0, 4), (4, 0), (2.5, 4)])
+def test_embedding_rejects_bad_sizes(n, d):
+    with pytest.raises(ValueError, match="positive integer"):
+        Embedding(n, d)
+
+
+@pytest.mark.exercise("11.3", "sinusoidal_positions")
+@settings(max_examples=30, deadline=None)
+@given(max_len=st.integers(1, 64), dim=st.integers(1, 33))
+def test_sinusoidal_formula(max_len, dim):
+    pe = sinusoidal_positions(max_len, dim)
+    assert pe.shape == (max_len, dim) and pe.dtype == np.float32
+    p = np.arange(max_len)[:, None].astype(np.float64)
+    j = np.arange(dim)[None, :]
+    angle = p / 10000.0 ** ((j - j % 2) / dim)
+    ref = np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    np.testing.assert_allclose(pe, ref, atol=2e-6, err_msg=f"sinusoidal_positions({max_len}, {dim}) differs from the formula")
+
+
+@pytest.mark.exercise("11.3", "sinusoidal_positions")
+@pytest.mark.parametrize("args", [(0, 4), (4, -1), (2.0, 4)])
+def test_sinusoidal_rejects_bad_sizes(args):
+    with pytest.raises(ValueError, match="max_len"):
+        sinusoidal_positions(*args)
+
+
+@pytest.mark.exercise("11.4", "LearnedPositionalEmbedding.forward")
+def test_learned_positions_match_torch_and_only_used_rows_learn():
+    torch = pytest.importorskip("torch")
+    lpe = LearnedPositionalEmbedding(12, 5, rng=3)
+    x = np.random.default_rng(0).standard_normal((3, 7, 5)).astype(np.float32)
+    xt = Tensor(x, requires_grad=True)
+    y = lpe(xt)
+    (y * y).sum().backward()
+    tw = torch.tensor(lpe.weight.data, requires_grad=True)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = tx + tw[:7]
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(y.data, ty.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(lpe.weight.grad.data, tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(xt.grad.data, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    assert np.allclose(lpe.weight.grad.data[7:], 0), "positions beyond the sequence must get no gradient"
+
+
+@pytest.mark.exercise("11.4", "LearnedPositionalEmbedding.forward")
+def test_positions_check_length_and_width():
+    lpe = LearnedPositionalEmbedding(4, 3, rng=0)
+    with pytest.raises(ValueError, match="max_len=4"):
+        lpe(Tensor(np.zeros((5, 3))))
+    with pytest.raises(ValueError, match=r"\(batch, seq, 3\)"):
+        lpe(Tensor(np.zeros((2, 2))))
+
+
+def test_sinusoidal_module_adds_a_constant():
+    spe = SinusoidalPositionalEncoding(8, 6)
+    x = Tensor(np.ones((2, 5, 6)), requires_grad=True)
+    y = spe(x)
+    np.testing.assert_allclose(y.data, np.broadcast_to(1 + sinusoidal_positions(8, 6)[:5], (2, 5, 6)), rtol=1e-6)
+    assert spe.num_parameters() == 0, "the sinusoidal table is not a parameter"
+    y.sum().backward()
+    assert np.allclose(x.grad.data, 1)
