@@ -53,7 +53,10 @@ def main(argv: list[str]) -> None:
         sh(py, "-m", "tito.main", "doctor", env=env)
         sh(py, "-m", "tito.main", "milestone", "run", "perceptron", *argv[1:], env=env)
     elif job == "test":
-        # on every core (pytest-xdist); TINYTORCH_TEST_WORKERS=1 runs the suite serially
+        # One test worker per core (pytest-xdist; TINYTORCH_TEST_WORKERS=1 runs serially), each with
+        # single-threaded BLAS: more threads than cores make every small matmul wait for a core.
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, "1")
         sh(py, "-m", "pytest", "-q", "-n", os.environ.get("TINYTORCH_TEST_WORKERS", "auto"), *argv[1:], env=env)
     else:
         sys.exit(f"unknown job {job!r}: use `run` or `test`")
