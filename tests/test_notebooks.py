@@ -246,3 +246,15 @@ def test_student_init_warns_about_a_docstring_that_spells_out_the_solution():
     (warning,) = docstring_warnings("02_activations", _solution_cell(_GELU_APPROACH))
     assert warning.startswith("warning: 02_activations: Exercise 2.4 (GELU.forward)"), warning
     assert docstring_warnings("02_activations", _solution_cell(_GELU_CONTRACT)) == []
+
+
+def test_a_solution_line_that_another_module_gives_is_not_a_leak():
+    import nbformat
+
+    secret, shared = "secret_value = compute_the_answer(x, y)", "axes = axis if isinstance(axis, tuple) else (axis,)"
+    solution = _solution_cell('"""Contract."""', solution=f"\n        ### BEGIN SOLUTION\n        {secret}\n        {shared}\n"
+                              "        ### END SOLUTION\n")
+    given = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"def helper(axis):\n    {shared}\n    return axes")])
+    assert {secret, shared} <= nbs.solution_only_lines(solution)
+    lines = nbs.course_solution_lines([solution, given])
+    assert secret in lines and shared not in lines, lines

@@ -332,13 +332,8 @@ def generated_files(lib: Path) -> dict[str, str]:
     return out
 
 
-def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[str]:
-    """Distinctive lines that occur only inside the solution regions of `nb` (to detect leaks).
-
-    A solution line that also stands outside its region (in a docstring, say) is not listed: it is
-    in the release by design. `docstring_echoes` is the check that catches a docstring that
-    repeats its solution.
-    """
+def _inside_and_given(nb: nbformat.NotebookNode, min_length: int) -> tuple[set[str], str]:
+    "(distinctive lines inside solution regions, the text outside them) of one source notebook."
     inside, outside = set(), []
     for cell in nb.cells:
         regions = solution_regions(cell.source)
@@ -346,8 +341,27 @@ def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[
         for _, lines in regions:
             inside.update(ln.strip() for ln in lines if len(ln.strip()) >= min_length)
         outside.extend(ln for ln in cell.source.splitlines() if ln not in region_lines)
-    rest = "\n".join(outside)
-    return {ln for ln in inside if ln not in rest}
+    return inside, "\n".join(outside)
+
+
+def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[str]:
+    """Distinctive lines that occur only inside the solution regions of `nb` (to detect leaks).
+
+    A solution line that also stands outside its region (in a docstring, say) is not listed: it is
+    in the release by design. `docstring_echoes` is the check that catches a docstring that
+    repeats its solution.
+    """
+    inside, given = _inside_and_given(nb, min_length)
+    return {ln for ln in inside if ln not in given}
+
+
+def course_solution_lines(notebooks, min_length: int = 30) -> set[str]:
+    """`solution_only_lines` of a whole course: a line that one module's solution holds but some
+    module gives outside its solution regions (module 06's given `restore_reduced` repeats a line
+    of module 01's `Tensor._reduce`) is public text, not a leak."""
+    pairs = [_inside_and_given(nb, min_length) for nb in notebooks]
+    given = "\n".join(text for _, text in pairs)
+    return {ln for inside, _ in pairs for ln in inside if ln not in given}
 
 
 def all_text(path: Path) -> str:

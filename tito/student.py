@@ -86,13 +86,13 @@ def _build(root: Path, dest: Path, log) -> None:
         copied += 1
     log(f"copied {copied} course files")
 
-    all_solution_lines: set[str] = set()
+    sources = []
     for m in modules:
         source = nbs.read(m.notebook)
         problems = nbs.check_source(source)
         if problems:
             raise CourseError(f"{m.notebook} has metadata problems; fix them first:\n" + "\n".join(problems))
-        all_solution_lines |= nbs.solution_only_lines(source)
+        sources.append(source)
         for warning in docstring_warnings(m.slug, source):
             log(warning)
         rel_nb = nbs.release(source)
@@ -119,7 +119,7 @@ def _build(root: Path, dest: Path, log) -> None:
     if proc.returncode != 0:
         raise CourseError(f"the student edition's package does not import:\n{proc.stderr[-1500:]}")
 
-    leaks = find_leaks(dest, all_solution_lines)
+    leaks = find_leaks(dest, nbs.course_solution_lines(sources))
     if leaks:
         raise CourseError("solution text would leak into the student edition (nothing was written):\n"
                           + "\n".join(f"  {f}: {line}" for f, line in leaks[:10]))
