@@ -222,6 +222,17 @@ def test_docstring_check_reads_the_enclosing_function_and_pools_its_regions():
 ''')
     (echo,) = nbs.docstring_echoes(_solution_cell(two_regions, solution=""))
     assert (echo.reproduced, echo.total) == (9, 9), echo.describe()
+    # A helper nested in the method is read with the method's docstring.
+    nested = ('''"""Compute it: `a = b + 1` and `return a * 2`."""
+        def helper(b):
+            ### BEGIN SOLUTION
+            a = b + 1
+            return a * 2
+            ### END SOLUTION
+        return helper(x)
+''')
+    (echo,) = nbs.docstring_echoes(_solution_cell(nested, solution=""))
+    assert echo.function == "GELU.forward.helper" and echo.share == 1.0, echo.describe()
     # A region outside every def has no docstring to compare: it is left out, not failed.
     nb = _solution_cell('"""Nothing."""\n        return x\n', solution="")
     nb.cells[0].source += "\n### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION\n"

@@ -531,10 +531,13 @@ def _functions_with_docstrings(tree: ast.AST):
 
 def docstring_echoes(nb: nbformat.NotebookNode, n: int = 3) -> list[DocstringEcho]:
     """For every function (or class) whose body holds a solution region: how much of the solution's
-    code its own docstring spells out, as token n-grams (`echo_share`).
+    code its docstring spells out, as token n-grams (`echo_share`).
 
-    The regions of one function are pooled. A region outside any def/class has no docstring to
-    compare and is left out. Raises CourseError when a solution cell is not valid Python.
+    The docstring is that of the `def` holding the region, together with those of the functions
+    around it (a method's, for a helper nested in it); a region directly in a class body is
+    compared with the class docstring. The regions of one function are pooled. A region outside
+    any def/class has no docstring to compare and is left out. Raises CourseError when a solution
+    cell is not valid Python.
     """
     found: dict[tuple[int, str], DocstringEcho] = {}
     runs: dict[tuple[int, str], list[list[str]]] = {}
@@ -566,7 +569,10 @@ def docstring_echoes(nb: nbformat.NotebookNode, n: int = 3) -> list[DocstringEch
             if not inside:
                 continue
             name, node = inside[-1]  # the innermost
-            doc = ast.get_docstring(node) or ""
+            # Every enclosing function's docstring counts (a helper nested in a method has none of
+            # its own); a region directly in a class body is compared with the class docstring.
+            funcs = [nd for _, nd in inside if not isinstance(nd, ast.ClassDef)] or [node]
+            doc = "\n".join(ast.get_docstring(nd) or "" for nd in funcs).strip()
             key = (i, name)
             runs.setdefault(key, []).append(code_tokens(textwrap.dedent("\n".join(lines))))
             m = re.search(r"Exercise\s+(\d+\.\d+\w*)", doc)
