@@ -65,7 +65,7 @@ def test_source_metadata_is_valid(module):
 def test_docstrings_leave_the_solution_to_the_student(module):
     """A solution's docstring gives the contract and the idea, not the code (modules/README.md)."""
     echoes = nbs.docstring_echoes(nbs.read(module.notebook))
-    assert echoes, f"{module.slug}: no solution region sits inside a documented def or class"
+    assert echoes, f"{module.slug}: no solution region sits inside a def or class: the docstring check has nothing to read"
     bad = [e.describe() for e in echoes if e.share > nbs.DOCSTRING_ECHO_LIMIT]
     assert not bad, (
         f"{module.slug}: these docstrings spell out more than {nbs.DOCSTRING_ECHO_LIMIT:.0%} of their solution's "

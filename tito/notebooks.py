@@ -386,7 +386,8 @@ _SKIPPED_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.IND
                    tokenize.ENCODING, tokenize.ENDMARKER}
 _OPERATORS = sorted(tokenize.EXACT_TOKEN_TYPES, key=len, reverse=True)
 _LENIENT_TOKEN_RE = re.compile(
-    r"""[rRbBuUfF]{0,2}(?:"[^"\n]*"|'[^'\n]*')"""  # a string on one line
+    r"#[^\n]*"  # a comment, dropped
+    r"""|[rRbBuUfF]{0,2}(?:"[^"\n]*"|'[^'\n]*')"""  # a string on one line
     rf"|{tokenize.Number}"
     r"|\w+"
     r"|" + "|".join(re.escape(op) for op in _OPERATORS)
@@ -447,9 +448,9 @@ def _join_dotted(tokens: list[str]) -> list[str]:
 
 
 def _docstring_tokens(doc: str) -> list[str]:
-    "Code tokens of a docstring, line by line (backticks are markup, not code)."
+    "Code tokens of a docstring, line by line (backticks are markup; a `#` in prose starts no comment)."
     tokens = []
-    for line in doc.replace("`", " ").splitlines():
+    for line in doc.replace("`", " ").replace("#", " ").splitlines():
         line = line.strip()
         if line.startswith((">>>", "...")):
             line = line[3:]
