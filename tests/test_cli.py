@@ -61,9 +61,7 @@ def use_reference(edition: Path, slug: str) -> None:
 
 
 def test_student_edition_has_no_solutions(student_edition):
-    lines = set()
-    for m in MODULES:
-        lines |= nbs.solution_only_lines(nbs.read(m.notebook))
+    lines = nbs.course_solution_lines([nbs.read(m.notebook) for m in MODULES])
     assert lines, "the source notebooks should have solution lines to look for"
     assert find_leaks(student_edition, lines) == []
     assert not (student_edition / ".git").exists() and not (student_edition / "nbgrader").exists()

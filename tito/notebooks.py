@@ -9,11 +9,15 @@
 """
 from __future__ import annotations
 
+import ast
 import copy
+import io
 import os
 import re
 import subprocess
 import sys
+import textwrap
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -328,8 +332,8 @@ def generated_files(lib: Path) -> dict[str, str]:
     return out
 
 
-def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[str]:
-    """Distinctive lines that occur only inside the solution regions of `nb` (to detect leaks)."""
+def _inside_and_given(nb: nbformat.NotebookNode, min_length: int) -> tuple[set[str], str]:
+    "(distinctive lines inside solution regions, the text outside them) of one source notebook."
     inside, outside = set(), []
     for cell in nb.cells:
         regions = solution_regions(cell.source)
@@ -337,8 +341,27 @@ def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[
         for _, lines in regions:
             inside.update(ln.strip() for ln in lines if len(ln.strip()) >= min_length)
         outside.extend(ln for ln in cell.source.splitlines() if ln not in region_lines)
-    rest = "\n".join(outside)
-    return {ln for ln in inside if ln not in rest}
+    return inside, "\n".join(outside)
+
+
+def solution_only_lines(nb: nbformat.NotebookNode, min_length: int = 30) -> set[str]:
+    """Distinctive lines that occur only inside the solution regions of `nb` (to detect leaks).
+
+    A solution line that also stands outside its region (in a docstring, say) is not listed: it is
+    in the release by design. `docstring_echoes` is the check that catches a docstring that
+    repeats its solution.
+    """
+    inside, given = _inside_and_given(nb, min_length)
+    return {ln for ln in inside if ln not in given}
+
+
+def course_solution_lines(notebooks, min_length: int = 30) -> set[str]:
+    """`solution_only_lines` of a whole course: a line that one module's solution holds but some
+    module gives outside its solution regions (module 06's given `restore_reduced` repeats a line
+    of module 01's `Tensor._reduce`) is public text, not a leak."""
+    pairs = [_inside_and_given(nb, min_length) for nb in notebooks]
+    given = "\n".join(text for _, text in pairs)
+    return {ln for inside, _ in pairs for ln in inside if ln not in given}
 
 
 def all_text(path: Path) -> str:
@@ -352,3 +375,210 @@ def all_text(path: Path) -> str:
         except Exception:
             return text
     return text
+
+
+# ---------------------------------------------------------------- docstrings that give the solution away
+
+#: A docstring fails the author check when its code n-grams cover more than this share of its
+#: solution's code tokens (`docstring_echoes`).
+DOCSTRING_ECHO_LIMIT = 0.5
+_SKIPPED_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                   tokenize.ENCODING, tokenize.ENDMARKER}
+_OPERATORS = sorted(tokenize.EXACT_TOKEN_TYPES, key=len, reverse=True)
+_LENIENT_TOKEN_RE = re.compile(
+    r"#[^\n]*"  # a comment, dropped
+    r"""|[rRbBuUfF]{0,2}(?:"[^"\n]*"|'[^'\n]*')"""  # a string on one line
+    rf"|{tokenize.Number}"
+    r"|\w+"
+    r"|" + "|".join(re.escape(op) for op in _OPERATORS)
+    + r"|\S"
+)
+
+
+def _lenient_tokens(text: str) -> list[str]:
+    "Python-like tokens of text that `tokenize` rejects (prose with an apostrophe, an open bracket)."
+    return [m.group(0) for m in _LENIENT_TOKEN_RE.finditer(text) if not m.group(0).startswith("#")]
+
+
+def code_tokens(text: str) -> list[str]:
+    """The code tokens of `text`: names, numbers, strings and operators; comments and layout dropped.
+
+    Python's `tokenize` does the work (an f-string is one token on every Python version); text it
+    cannot tokenize falls back to a regular expression that splits the same way.
+    """
+    lines = text.splitlines(keepends=True)
+    out, depth, fstart = [], 0, None
+    fstring_start = getattr(tokenize, "FSTRING_START", None)  # Python 3.12+ splits f-strings up
+    fstring_end = getattr(tokenize, "FSTRING_END", None)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if fstring_start is not None and tok.type == fstring_start:
+                depth += 1
+                fstart = fstart or tok.start
+                continue
+            if fstring_end is not None and tok.type == fstring_end:
+                depth -= 1
+                if depth == 0:
+                    (r0, c0), (r1, c1) = fstart, tok.end
+                    span = "".join(lines[r0 - 1:r1])
+                    out.append(span[c0:len(span) - len(lines[r1 - 1]) + c1])
+                    fstart = None
+                continue
+            if depth or tok.type in _SKIPPED_TOKENS or not tok.string.strip():
+                continue
+            out.append(tok.string)
+    except (tokenize.TokenError, SyntaxError):
+        out = _lenient_tokens(text)
+    return _join_dotted(out)
+
+
+def _join_dotted(tokens: list[str]) -> list[str]:
+    "`x . data` -> `x.data`: a dotted name is one token, so naming an attribute is not 3 tokens of code."
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        if (tokens[i] == "." and out and out[-1].replace(".", "_").isidentifier()
+                and i + 1 < len(tokens) and tokens[i + 1].isidentifier()):
+            out[-1] += "." + tokens[i + 1]
+            i += 2
+            continue
+        out.append(tokens[i])
+        i += 1
+    return out
+
+
+def _docstring_tokens(doc: str) -> list[str]:
+    "Code tokens of a docstring, line by line (backticks are markup; a `#` in prose starts no comment)."
+    tokens = []
+    for line in doc.replace("`", " ").replace("#", " ").splitlines():
+        line = line.strip()
+        if line.startswith((">>>", "...")):
+            line = line[3:]
+        tokens += code_tokens(line) if line else []
+    return tokens
+
+
+def echo_share(solution: list[list[str]], doc_tokens: list[str], n: int = 3) -> tuple[int, int, list[str]]:
+    """(tokens reproduced, tokens in all, reproduced fragments) of the solution token runs `solution`
+    (one list of tokens per solution region) in the docstring's tokens `doc_tokens`.
+
+    A solution token counts as reproduced when it belongs to an n-gram of consecutive solution
+    tokens that also occurs in the docstring; each docstring n-gram vouches for one solution
+    n-gram only (multisets), so one `x = y` in the docstring does not cover ten in the code.
+    """
+    from collections import Counter
+
+    grams: dict[int, Counter] = {}
+    covered = total = 0
+    fragments: list[str] = []
+    for run in solution:
+        size = min(n, len(run))
+        if not size:
+            continue
+        if size not in grams:
+            grams[size] = Counter(tuple(doc_tokens[i:i + size]) for i in range(len(doc_tokens) - size + 1))
+        available, hit = grams[size], [False] * len(run)
+        for i in range(len(run) - size + 1):
+            gram = tuple(run[i:i + size])
+            if available[gram] > 0:
+                available[gram] -= 1
+                hit[i:i + size] = [True] * size
+        covered, total = covered + sum(hit), total + len(run)
+        piece: list[str] = []
+        for tok, h in zip(run + [""], hit + [False]):
+            if h:
+                piece.append(tok)
+            elif piece:
+                fragments.append(" ".join(piece))
+                piece = []
+    return covered, total, fragments
+
+
+@dataclass
+class DocstringEcho:
+    "How much of one function's solution code its docstring reproduces."
+    cell: int  # 1-based position of the solution cell
+    grade_id: str
+    function: str  # qualified name, e.g. "Module.train"
+    exercise: str  # "Exercise 3.3" from the docstring or the next test cell, else ""
+    reproduced: int
+    total: int
+    docstring: str = field(default="", repr=False)
+    fragments: list = field(default_factory=list)  # the reproduced code, as token runs
+
+    @property
+    def share(self) -> float:
+        return self.reproduced / self.total if self.total else 0.0
+
+    def describe(self) -> str:
+        where = f"{self.exercise} ({self.function})" if self.exercise else self.function
+        shown = "; ".join(f"`{f}`" for f in self.fragments[:6]) + (" ..." if len(self.fragments) > 6 else "")
+        return (f"{where}, cell {self.cell} ({self.grade_id}): the docstring reproduces {self.share:.0%} of the "
+                f"solution's code tokens ({self.reproduced} of {self.total}): {shown}")
+
+
+def _functions_with_docstrings(tree: ast.AST):
+    "(qualified name, node) of every def and class in `tree`, outermost first."
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                yield name, child
+                yield from walk(child, f"{name}.")
+            else:
+                yield from walk(child, prefix)
+    yield from walk(tree, "")
+
+
+def docstring_echoes(nb: nbformat.NotebookNode, n: int = 3) -> list[DocstringEcho]:
+    """For every function (or class) whose body holds a solution region: how much of the solution's
+    code its docstring spells out, as token n-grams (`echo_share`).
+
+    The docstring is that of the `def` holding the region, together with those of the functions
+    around it (a method's, for a helper nested in it); a region directly in a class body is
+    compared with the class docstring. The regions of one function are pooled. A region outside
+    any def/class has no docstring to compare and is left out. Raises CourseError when a solution
+    cell is not valid Python.
+    """
+    found: dict[tuple[int, str], DocstringEcho] = {}
+    runs: dict[tuple[int, str], list[list[str]]] = {}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not is_solution_cell(cell):
+            continue
+        regions = solution_regions(cell.source)
+        if not regions:
+            continue
+        # nbdev directives and IPython magics are not Python; blank them, keeping line numbers.
+        text = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in cell.source.splitlines())
+        try:
+            tree = ast.parse(text)
+        except SyntaxError as e:
+            raise CourseError(f"cell {i + 1} ({nbgrader_meta(cell).get('grade_id')}) is not valid Python "
+                              f"(line {e.lineno}: {e.msg}); its docstrings cannot be checked") from None
+        defs = list(_functions_with_docstrings(tree))
+        label = ""
+        for later in nb.cells[i + 1:]:
+            if is_test_cell(later):
+                label = exercise_label(later)
+                label = label.split(":")[0] if label.startswith("Exercise") else ""
+                break
+        for start, lines in regions:
+            body = [k for k, ln in enumerate(lines, start + 1) if ln.strip() and not ln.strip().startswith("#")]
+            if not body:
+                continue
+            inside = [(name, node) for name, node in defs if node.lineno < body[0] <= (node.end_lineno or 0)]
+            if not inside:
+                continue
+            name, node = inside[-1]  # the innermost
+            # Every enclosing function's docstring counts (a helper nested in a method has none of
+            # its own); a region directly in a class body is compared with the class docstring.
+            funcs = [nd for _, nd in inside if not isinstance(nd, ast.ClassDef)] or [node]
+            doc = "\n".join(ast.get_docstring(nd) or "" for nd in funcs).strip()
+            key = (i, name)
+            runs.setdefault(key, []).append(code_tokens(textwrap.dedent("\n".join(lines))))
+            m = re.search(r"Exercise\s+(\d+\.\d+\w*)", doc)
+            exercise = f"Exercise {m.group(1)}" if m else label
+            found[key] = DocstringEcho(i + 1, nbgrader_meta(cell).get("grade_id", ""), name, exercise, 0, 0, doc)
+    for key, echo in found.items():
+        echo.reproduced, echo.total, echo.fragments = echo_share(runs[key], _docstring_tokens(echo.docstring), n)
+    return list(found.values())

@@ -175,7 +175,8 @@ def test_as_generator_and_fans():
 @pytest.mark.parametrize("shape", [(256, 1024), (1000, 300), (64, 32, 3, 3)])
 def test_xavier_uniform_statistics(shape):
     w = xavier_uniform(shape, rng=0)
-    fan_in, fan_out = fan_in_fan_out(shape)
+    receptive = int(np.prod(shape[2:]))  # computed here, not with the helper the solution uses
+    fan_in, fan_out = shape[1] * receptive, shape[0] * receptive
     bound, var = np.sqrt(6 / (fan_in + fan_out)), 2 / (fan_in + fan_out)
     assert w.shape == shape and w.dtype == np.float32, f"xavier_uniform{shape}: got {w.shape} {w.dtype}; expected {shape} float32"
     assert np.abs(w).max() <= bound * (1 + 1e-6), f"Xavier weights must lie within +-{bound:.5f}; max |w| = {np.abs(w).max():.5f}"
@@ -188,7 +189,7 @@ def test_xavier_uniform_statistics(shape):
 @pytest.mark.parametrize("shape", [(256, 1024), (1000, 300), (64, 32, 3, 3)])
 def test_kaiming_normal_statistics(shape):
     w = kaiming_normal(shape, rng=0)
-    fan_in, _ = fan_in_fan_out(shape)
+    fan_in = shape[1] * int(np.prod(shape[2:]))
     var = 2 / fan_in
     assert w.shape == shape and w.dtype == np.float32, f"kaiming_normal{shape}: got {w.shape} {w.dtype}; expected {shape} float32"
     assert abs(w.var() / var - 1) < 0.05, f"Var(w) = {w.var():.3e}; expected 2/fan_in = {var:.3e} within 5%"

@@ -39,24 +39,23 @@ class Module:
 
         TODO (Exercise 3.1): look at every attribute of `self` and yield the ones that matter.
 
-        APPROACH:
-        1. Loop over `vars(self).items()`: the attributes in the order they were assigned.
-        2. A `Module` is a child: yield `(name, value)`.
-        3. A *leaf* `Tensor` with `requires_grad=True` is a parameter: yield `(name, value)`.
-           A Tensor without it (a constant, a running statistic) is not a parameter, and neither
-           is a stored op result (an activation or a cache kept for later, which has a
-           `grad_fn`): skip them. `Tensor.is_leaf` tells the two apart.
-        4. A `list` or `tuple`: yield its Module and parameter items as `(f"{name}.{i}", item)`.
-        5. Ignore everything else.
+        CONTRACT:
+        - Members are child `Module`s and parameters. A parameter is a *leaf* Tensor with
+          `requires_grad=True`: a Tensor without it (a constant, a running statistic) is not a
+          member, and neither is a stored op result (an activation or a cache kept for later, which
+          has a `grad_fn` and so is not a leaf).
+        - A `list` or `tuple` attribute is looked into: its members are named by their position in
+          it, and items that are not members are skipped (they still take up their position).
+        - Everything else (numbers, strings, activation objects, a random generator) is ignored.
+        - Order: attribute order, which is the order `__init__` assigned them; the objects
+          themselves are yielded, not copies.
 
         EXAMPLE: for `self.fc = Linear(...)`, `self.blocks = [A(), relu, B()]`, `self.scale = 2.0`:
         yields `("fc", <Linear>)`, `("blocks.0", <A>)`, `("blocks.2", <B>)`.
 
-        HINTS:
-        - Treat a plain attribute as a list of one: build `[(name, value)]`, or
-          `[(f"{name}.{i}", item) for i, item in enumerate(value)]` for a list or tuple, then apply
-          the same test to every pair.
-        - This is a generator: use `yield`, not `return [...]`.
+        HINTS: the builtin `vars` gives an object's attributes as a dict in assignment order;
+        `isinstance` accepts a tuple of types; `Tensor.is_leaf`; `enumerate`. This is a generator:
+        use `yield`, not `return [...]`.
         """
         ### BEGIN SOLUTION
         for name, value in vars(self).items():
@@ -74,17 +73,20 @@ class Module:
 
         TODO (Exercise 3.2): walk `named_children()` recursively; list each parameter once.
 
-        APPROACH:
-        1. `memo` is the set of `id(...)`s of the parameters and modules already visited in this
-           walk (weight tying: one tensor held by two layers is one parameter). The outer call
-           gets `None`: start a new set holding `id(self)`.
-        2. Go over `self.named_children()`, skipping members whose id is in `memo` (add the others).
-           The full name is `f"{prefix}.{name}"`, or just `name` when `prefix` is empty.
-        3. A Tensor: yield `(full_name, tensor)`. A Module: recurse with
-           `yield from member.named_parameters(full_name, memo)`.
+        CONTRACT:
+        - Names are dotted paths from this module (`"encoder.fc1.weight"`); with `prefix="model"`
+          every name starts with `"model."`.
+        - Depth first, in attribute order.
+        - Each tensor and each module is listed once per walk, even when two attributes hold it
+          (weight tying): the first path wins. `memo` is the set of `id`s already visited in this
+          walk: the outermost call gets `None` and starts one (holding this module itself); every
+          recursive call shares it.
 
         EXAMPLE: a model with `self.fc1 = Linear(4, 8)` and `self.fc2 = Linear(8, 2)` yields
         `fc1.weight, fc1.bias, fc2.weight, fc2.bias`, in that order.
+
+        HINTS: the builtin `id` tells objects apart (two tensors with equal values are still two
+        parameters); `yield from` passes on everything a recursive call yields.
         """
         ### BEGIN SOLUTION
         if memo is None:
@@ -122,12 +124,11 @@ class Module:
     def train(self, mode: bool = True) -> "Module":
         """Set training mode (`mode=True`) or evaluation mode (`mode=False`) here and in every submodule.
 
-        TODO (Exercise 3.3): set `.training` on every module of the tree; return `self`.
+        TODO (Exercise 3.3): give every module of the tree the same `.training` flag, a real bool.
 
-        APPROACH:
-        1. `self.modules()` (given above) yields this module and every module below it.
-        2. Set `m.training = bool(mode)` on each of them.
-        3. Return `self`, so that `model = Net().eval()` works.
+        CONTRACT: modules inside lists are reached too; the module itself is returned, so that
+        `model = Net().eval()` works.
+        HINT: `modules()` (given above) already walks the whole tree.
         """
         ### BEGIN SOLUTION
         for m in self.modules():
@@ -182,10 +183,13 @@ def xavier_uniform(shape, rng=None) -> np.ndarray:
 
     TODO (Exercise 3.4a): draw the weights.
 
-    APPROACH:
-    1. `fan_in, fan_out = fan_in_fan_out(shape)`; `gen = as_generator(rng)`.
-    2. `a = sqrt(6 / (fan_in + fan_out))`.
-    3. Return `gen.uniform(-a, a, size=shape)` as float32.
+    CONTRACT: `shape` is `(out, in, *kernel)`; the result is a float32 NumPy array of exactly that
+    shape, with variance `2 / (fan_in + fan_out)`. `rng` is None, an int seed or a Generator: the
+    same seed gives the same weights, and a Generator passed in is used (and advanced), not
+    reseeded.
+    EXAMPLE: every weight of `xavier_uniform((300, 500), rng=0)` lies in [-0.0866, 0.0866].
+    HINTS: `fan_in_fan_out` and `as_generator` are given above; a Generator's `uniform` method;
+    `ndarray.astype`.
     """
     ### BEGIN SOLUTION
     fan_in, fan_out = fan_in_fan_out(shape)
@@ -199,10 +203,10 @@ def kaiming_normal(shape, rng=None) -> np.ndarray:
 
     TODO (Exercise 3.4b): draw the weights.
 
-    APPROACH:
-    1. `fan_in, _ = fan_in_fan_out(shape)`; `gen = as_generator(rng)`.
-    2. `std = sqrt(2 / fan_in)`.
-    3. Return `gen.normal(0.0, std, size=shape)` as float32.
+    CONTRACT: as for `xavier_uniform`, with mean 0 and variance `2 / fan_in`. For a convolution
+    weight of shape `(out, in, kh, kw)`, `fan_in` is `in * kh * kw`.
+    EXAMPLE: `kaiming_normal((300, 500), rng=0).std()` is close to sqrt(2 / 500) = 0.0632.
+    HINTS: a Generator's `normal` method takes the standard deviation, not the variance.
     """
     ### BEGIN SOLUTION
     fan_in, _ = fan_in_fan_out(shape)
@@ -224,16 +228,20 @@ class Linear(Module):
 
         TODO (Exercise 3.5): validate the arguments and create the parameters.
 
-        APPROACH:
-        1. Call `super().__init__()`.
-        2. `in_features` and `out_features` must be positive integers; raise ValueError otherwise,
-           naming the bad value.
-        3. Pick the initializer: "kaiming" -> `kaiming_normal`, "xavier" -> `xavier_uniform`;
-           anything else -> ValueError listing the two choices.
-        4. `self.weight = Tensor(initializer((out_features, in_features), rng), requires_grad=True)`.
-        5. `self.bias = Tensor(np.zeros(out_features, dtype=np.float32), requires_grad=True)` when
-           `bias` is true, else `None`.
-        6. Keep `self.in_features`, `self.out_features` and `self.init` for `extra_repr`.
+        CONTRACT:
+        - `in_features` and `out_features` are positive integers (a bool is not one); anything else
+          raises ValueError naming the bad value: "Linear: in_features must be a positive integer;
+          got 0".
+        - `init` is "kaiming" (`kaiming_normal`) or "xavier" (`xavier_uniform`); anything else
+          raises ValueError listing both choices.
+        - `weight`: float32, drawn by the chosen initializer with `rng`, shape
+          `(out_features, in_features)`. `bias`: float32 zeros of shape `(out_features,)`, or None
+          when `bias=False`. Both are parameters (`requires_grad=True`), weight assigned before
+          bias.
+        - `self.in_features`, `self.out_features` (ints) and `self.init` are kept for `extra_repr`.
+        EXAMPLE: `Linear(4, 3, rng=0)` has `weight.shape == (3, 4)` and a bias of three zeros.
+        HINTS: the base class's `__init__` must run first (`super`); `numbers.Integral` covers NumPy
+        integers too, and `bool` is a subclass of `int`; a dict can map the names to the functions.
         """
         ### BEGIN SOLUTION
         super().__init__()
@@ -253,15 +261,16 @@ class Linear(Module):
 
         TODO (Exercise 3.6): check the input shape, then compute with Tensor operations.
 
-        APPROACH:
-        1. Wrap a non-Tensor input: `x = Tensor(x)`.
-        2. If `x` is 0-d or `x.shape[-1] != self.in_features`, raise ValueError naming the input
-           shape and the weight shape, e.g. "Linear.forward: input of shape (8, 5) does not match
-           weight of shape (3, 4): the last dimension of the input must be in_features=4".
-        3. `y = x @ self.weight.T`, then add `self.bias` when there is one.
-
-        HINTS:
-        - Tensor ops only (`@`, `.T`, `+`): no `.data`, no `np.` calls in the computation.
+        CONTRACT:
+        - A non-Tensor input (array, list) is wrapped in a Tensor first. The result is a Tensor of
+          shape `(..., out_features)`: every leading dimension is kept.
+        - A 0-d input, or one whose last dimension is not `in_features`, raises ValueError naming
+          the input shape and the weight shape: "Linear.forward: input of shape (8, 5) does not
+          match weight of shape (3, 4): the last dimension of the input must be in_features=4".
+        - Without a bias (`bias=False`) the result is the product alone.
+        - Tensor operations only (`@`, `.T`, `+`): no `.data` and no NumPy call in the computation,
+          so that module 06 can backpropagate through it.
+        EXAMPLE: `Linear(4, 3)` maps an input of shape (5, 7, 4) to shape (5, 7, 3).
         """
         ### BEGIN SOLUTION
         if not isinstance(x, Tensor):
@@ -291,13 +300,14 @@ class Dropout(Module):
     def __init__(self, p: float = 0.5, seed=None):
         """Store `p` after checking `0 <= p < 1`, and a random generator made from `seed`.
 
-        TODO (Exercise 3.7a): validate `p`.
+        TODO (Exercise 3.7a): validate `p`, keep it as a float, make the generator.
 
-        APPROACH:
-        1. Call `super().__init__()`.
-        2. `p` must be a real number with `0 <= p < 1` (p = 1 would drop everything and divide by
-           zero); otherwise raise ValueError naming the value received.
-        3. `self.p = float(p)`; `self.rng = as_generator(seed)`.
+        CONTRACT: `p` is a real number (a bool is not one) with `0 <= p < 1` (p = 1 would drop
+        everything and divide by zero); anything else raises ValueError naming the value received,
+        e.g. "Dropout: p must be a probability with 0 <= p < 1; got 1.5". Keeps `self.p` (a float)
+        and `self.rng` (a Generator made from any seed that `as_generator` accepts).
+        HINTS: the base class's `__init__` must run first; `numbers.Real`; `as_generator`
+        (section 2).
         """
         ### BEGIN SOLUTION
         super().__init__()
@@ -310,14 +320,23 @@ class Dropout(Module):
     def forward(self, x) -> Tensor:
         """Drop and rescale in training mode; return `x` unchanged in evaluation mode or when p == 0.
 
-        TODO (Exercise 3.7b): build the mask with one vectorised call and apply it with a Tensor multiply.
+        TODO (Exercise 3.7b): build the mask with one vectorised call and apply it with a Tensor
+        multiply.
 
-        APPROACH:
-        1. Wrap a non-Tensor input: `x = Tensor(x)`.
-        2. If `not self.training` or `self.p == 0`: return `x`.
-        3. `keep = self.rng.random(x.shape) >= self.p` (True with probability 1 - p).
-        4. `mask = keep.astype(x.dtype) / (1 - self.p)`: 0 for dropped, 1/(1-p) for kept.
-        5. Return `x * Tensor(mask, dtype=x.dtype)`.
+        CONTRACT:
+        - A non-Tensor input is wrapped in a Tensor. In evaluation mode, or with `p == 0`, the input
+          itself comes back.
+        - In training mode each element is zeroed with probability `p`, independently, and the
+          survivors are multiplied by `1 / (1 - p)`, so the expected value of every element is
+          unchanged. Same shape and dtype as `x` (float32 stays float32). Every call draws a new
+          mask from `self.rng`.
+        - The mask is applied by a Tensor multiplication, never by editing `x.data`, so that
+          module 06 can backpropagate through it.
+        EXAMPLE: with `p = 0.3` about 30% of a large all-ones input becomes 0 and the rest 1 / 0.7 =
+        1.4286; the mean stays close to 1.
+        HINTS: a Generator's `random` method draws uniform numbers in [0, 1) for a whole shape at
+        once; a comparison gives a boolean array and `ndarray.astype` turns it into numbers; keep
+        the scale in `x.dtype` (a float64 scalar would promote a float32 mask).
         """
         ### BEGIN SOLUTION
         if not isinstance(x, Tensor):
@@ -341,11 +360,11 @@ class Sequential(Module):
 
         TODO (Exercise 3.8a): check that every layer can be called, then keep them.
 
-        APPROACH:
-        1. Call `super().__init__()`.
-        2. Each layer must be callable (`callable(layer)`); otherwise raise TypeError naming its
-           position and type (e.g. passing the class `ReLU` is fine, the number `3` is not).
-        3. `self.layers = list(layers)`.
+        CONTRACT: every layer must be callable (a Module, an activation object, a plain function;
+        the number `3` is not), or TypeError is raised naming its position and its type, e.g.
+        "Sequential: layer 1 must be a Module or a callable; got int 3". `self.layers` is a `list`,
+        so `named_children` finds the Modules in it as `layers.0`, `layers.1`, ...
+        HINTS: the base class's `__init__` must run first; the builtins `callable` and `enumerate`.
         """
         ### BEGIN SOLUTION
         super().__init__()

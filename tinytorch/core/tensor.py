@@ -15,21 +15,23 @@ __all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'no
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
     """Return the shape that `shape_a` and `shape_b` broadcast to.
 
-    TODO: Implement NumPy's broadcasting rule for two shapes, and raise a clear error when they
-    are incompatible.
+    TODO (Exercise 1.1): NumPy's broadcasting rule for two shapes, with a clear error when they are
+    incompatible.
 
-    APPROACH:
-    1. Pad the shorter shape on the left with 1s so both have the same length.
-    2. Walk the dimensions pairwise: equal sizes keep the size; a 1 takes the other size.
-    3. Any other pair is incompatible: raise ValueError naming `op`, both shapes and the axis.
+    CONTRACT:
+    - Shapes are tuples or lists of ints, `()` included; the result is a tuple of ints.
+    - The shapes are aligned from the right, and a missing dimension counts as 1. Two sizes in the
+      same position are compatible when they are equal or one of them is 1; the result takes the
+      larger.
+    - Incompatible shapes raise ValueError that starts with `op` and names both shapes, e.g. "add:
+      shapes (2, 3) and (4,) cannot be broadcast", followed by the axis (counted from the right, so
+      negative) and the two sizes that disagree.
 
     EXAMPLE:
     >>> broadcast_shape((32, 1, 4), (3, 1))
     (32, 3, 4)
 
-    HINTS:
-    - `(1,) * k + tuple(shape)` pads a shape with k leading ones.
-    - The message must contain both shapes, e.g. "add: shapes (2, 3) and (4,) cannot be broadcast".
+    HINTS: tuples concatenate with `+` and repeat with `*`; `zip`, `enumerate`, `max`.
     """
     ### BEGIN SOLUTION
     a, b = tuple(shape_a), tuple(shape_b)

@@ -71,14 +71,16 @@ class TensorDataset(Dataset):
 
         TODO (Exercise 5.1a): convert and validate the inputs.
 
-        APPROACH:
-        1. No tensors at all is an error: raise ValueError.
-        2. Convert each argument that is not a Tensor with `Tensor(t)`.
-        3. A 0-d tensor has no rows: raise ValueError naming its shape.
-        4. All first dimensions must be equal. If not, raise ValueError listing every shape, e.g.
-           "TensorDataset: all tensors need the same first dimension (one row per sample);
-           got shapes [(6, 2), (5,)]".
-        5. Keep them as a tuple in `self.tensors`.
+        CONTRACT:
+        - At least one tensor, else ValueError.
+        - Arguments that are not Tensors (arrays, lists) are converted with `Tensor(...)`.
+        - Every tensor needs a first (sample) dimension: a 0-d one raises ValueError naming the
+          shapes.
+        - All first dimensions must be equal, else ValueError listing every shape: "TensorDataset:
+          all tensors need the same first dimension (one row per sample); got shapes [(6, 2),
+          (5,)]".
+        - `self.tensors` is a tuple of Tensors, in argument order.
+        HINT: the set of the first dimensions has exactly one element when they all agree.
         """
         ### BEGIN SOLUTION
         if not tensors:
@@ -108,11 +110,12 @@ class TensorDataset(Dataset):
 
         TODO (Exercise 5.1c): index every tensor with the same `index`.
 
-        APPROACH:
-        1. For an integer index outside `[-len, len)` raise IndexError naming the index and
-           the dataset length (NumPy's message does not say which dataset).
-        2. Return `tuple(t[index] for t in self.tensors)`: Tensor indexing does the rest
-           (negative indices and slices included).
+        CONTRACT: integer indices run over `[-len, len)`, negative ones counting from the end. An
+        integer outside raises IndexError naming the index and the dataset length, e.g.
+        "TensorDataset: index 6 is out of range for a dataset of 6 samples" (NumPy's own message
+        does not say which dataset). Slices are passed on to Tensor indexing. The result is always a
+        tuple, a 1-tuple for a dataset of one tensor.
+        HINT: an index may be a NumPy integer (`np.integer`) as well as an `int`.
         """
         ### BEGIN SOLUTION
         n = len(self)
@@ -126,13 +129,14 @@ class TensorDataset(Dataset):
 
         TODO (Exercise 5.2): one vectorised gather per tensor; no Python loop over samples.
 
-        APPROACH:
-        1. `indices = np.asarray(indices, dtype=np.intp)`: an integer index array.
-        2. Return `tuple(Tensor(t.data[indices]) for t in self.tensors)`. Fancy indexing with an
-           array copies the selected rows into a new contiguous array in one C loop.
-
-        HINTS:
-        - Do not call `self[i]`: the point of this method is to avoid one call per sample.
+        CONTRACT: `indices` is a list or 1-D array of integers; repeats are allowed, and an empty
+        one gives batches with 0 rows (shape `(0, 2)` for rows of 2). Never call `self[i]`: the
+        point of this method is to avoid one Python call per sample.
+        EXAMPLE: for `x` of shape (6, 2) and `y` of shape (6,), `get_batch([4, 0, 3])` gives Tensors
+        of shapes (3, 2) and (3,) holding rows 4, 0 and 3.
+        HINTS: indexing a NumPy array with an integer array ("fancy indexing") copies the selected
+        rows into a new contiguous array in one C loop; `np.asarray` with the integer dtype
+        `np.intp` makes even an empty list a valid index.
         """
         ### BEGIN SOLUTION
         indices = np.asarray(indices, dtype=np.intp)
@@ -175,10 +179,12 @@ class DataLoader:
     def __len__(self) -> int:
         """Number of batches in one epoch.
 
-        TODO (Exercise 5.3a): `ceil(N / batch_size)`, or `N // batch_size` when `drop_last`.
+        TODO (Exercise 5.3a): `ceil(N / batch_size)` for a dataset of N samples, or
+        `floor(N / batch_size)` when `drop_last`.
 
-        HINTS:
-        - `-(-n // b)` is integer ceiling division: no floats involved.
+        EXAMPLE: 10 samples in batches of 4: 3 batches, 2 with `drop_last`.
+        HINT: floor division of a negated number rounds the other way, so an integer ceiling needs
+        no floats.
         """
         ### BEGIN SOLUTION
         n = len(self.dataset)
@@ -190,14 +196,17 @@ class DataLoader:
 
         TODO (Exercise 5.3b): choose the epoch's order, then cut it into batches.
 
-        APPROACH:
-        1. `n = len(self.dataset)`.
-        2. The order is `self.rng.permutation(n)` when `self.shuffle`, else `np.arange(n)`.
-           Use `self.rng` (created once in `__init__`), never a new generator: that is what
-           makes each epoch different yet the whole run reproducible.
-        3. With `drop_last`, stop at the last multiple of `batch_size`; otherwise use all `n`.
-        4. Return `[order[i:i + batch_size] for i in range(0, stop, batch_size)]`: slices of
-           `order` are views, so this loop over *batches* copies nothing.
+        CONTRACT:
+        - Without shuffle the order is `0, 1, ..., N-1`. With shuffle it is a permutation drawn from
+          `self.rng`, the generator made once in `__init__`, never a new one: that is what makes
+          each epoch different yet the whole run reproducible from the seed.
+        - Batches are `batch_size` consecutive entries of the order; the last one is shorter, or
+          left out when `drop_last`.
+        - Each batch is a slice of the order (a view): the loop runs once per *batch* and copies
+          nothing.
+        EXAMPLE: 10 samples, `batch_size=4`, no shuffle: three arrays holding `0 1 2 3`, `4 5 6 7`
+        and `8 9`; with `drop_last=True` only the first two.
+        HINTS: a Generator's `permutation` method; `np.arange`; `range` takes a step.
         """
         ### BEGIN SOLUTION
         n = len(self.dataset)
@@ -211,12 +220,14 @@ class DataLoader:
 
         TODO (Exercise 5.4): the loop every training step sits in. Write it as a generator.
 
-        APPROACH:
-        1. Loop over `self.batch_indices()` (call it once per epoch: it draws the permutation).
-        2. Fetch the batch with `self._fetch(indices)`: the dataset's `get_batch`, which returns
-           a tuple of arrays or Tensors. Make sure every field is a Tensor (`Tensor(a)`).
-        3. If `self.transform` is set, replace the first field by `self.transform(first)`.
-        4. `yield` the tuple.
+        CONTRACT:
+        - `batch_indices()` is called once per epoch (each call draws a new permutation).
+        - Each batch is fetched with one call of `self._fetch`, the dataset's `get_batch`, which
+          returns a tuple of arrays or Tensors; every field yielded is a Tensor.
+        - With a `self.transform`, the first field (the inputs) is replaced by its transformed
+          version; the other fields (labels) are left alone.
+        EXAMPLE: a `DataLoader(TensorDataset(x, y), batch_size=4)` over 10 samples yields batches of
+        4, 4 and 2 rows, each an `(inputs, labels)` tuple.
         """
         ### BEGIN SOLUTION
         for indices in self.batch_indices():
@@ -302,14 +313,18 @@ class Normalize:
 
         TODO (Exercise 5.5): line the statistics up with `self.axis`, then broadcast.
 
-        APPROACH:
-        1. Convert `x` to a Tensor if it is not one.
-        2. Scalar statistics (`self.mean.ndim == 0`): return `(x - mean) / std`.
-        3. Per-channel statistics: resolve `axis = self.axis % x.ndim` (negative axes count from the
-           end). If `x.ndim <= self.axis` or `x.shape[axis] != len(self.mean)`, raise ValueError
-           naming the batch shape, the axis and the length of mean.
-        4. Reshape mean and std to `[1] * x.ndim` with `len(mean)` at position `axis`
-           (e.g. `(1, 3, 1, 1)`), then return `(x - mean) / std`: broadcasting does the rest.
+        CONTRACT:
+        - A non-Tensor input (a NumPy array) is converted to a Tensor.
+        - Scalar statistics (a 0-d `self.mean`) apply to every element.
+        - Per-channel statistics (1-D, length C) belong to axis `self.axis` of `x`, where negative
+          axes count from the end. When `x` has no such axis, or its length along it is not C, raise
+          ValueError naming the batch shape, the axis and C, e.g. "Normalize: batch of shape (4, 2)
+          has no axis 1 of length 3 to match mean/std of length 3".
+        - Broadcasting aligns shapes from the right, so mean and std need a shape with C at position
+          `axis` and 1 everywhere else, `(1, 3, 1, 1)` for a batch `(N, 3, H, W)`: a view of C
+          numbers, never a copy the size of the batch.
+        HINTS: `%` turns a negative axis into its positive position; `ndarray.reshape` accepts a
+        list.
         """
         ### BEGIN SOLUTION
         x = x if isinstance(x, Tensor) else Tensor(x)
