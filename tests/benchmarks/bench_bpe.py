@@ -1,0 +1,74 @@
+"""BPE training on the bundled corpus: the naive trainer (recount every pair per merge) against the
+incremental one (update only the words a merge changed). Both run in this process on the same words.
+
+    python tests/benchmarks/bench_bpe.py [--merges 1000] [--repeats 3]
+
+Prints, for each trainer, the best of `repeats` wall-clock times (seconds) to learn `merges` merges
+(default 1000, the README's row), checks that both learned the same merges, and prints the ratio.
+A second table gives the time at intermediate merge counts from one run of each (a callback
+records the time after every merge). Not a test: nothing here fails except a disagreement.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tinytorch.data.loader import load_text_corpus  # noqa: E402
+from tinytorch.text.tokenizers import (  # noqa: E402
+    BPETokenizer,
+    train_merges_incremental,
+    train_merges_naive,
+)
+
+
+def timed(trainer, words, freqs, merges):
+    "(total seconds, seconds after each merge, merges learned) of one run."
+    marks, t0 = [], time.perf_counter()
+    learned = trainer(words, freqs, merges, callback=lambda k, pair, count: marks.append(time.perf_counter() - t0))
+    return time.perf_counter() - t0, marks, learned
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--merges", type=int, default=1000, help="merges to learn (default 1000)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per trainer; the best time is reported")
+    args = parser.parse_args(argv)
+
+    corpus = load_text_corpus()
+    counts = BPETokenizer().word_counts(corpus)             # GPT-2 style pre-split, as BPETokenizer.train does
+    words = [list(w.encode("utf-8")) for w in counts]
+    freqs = list(counts.values())
+    print(f"corpus: {len(corpus.encode('utf-8')):,} bytes, {sum(freqs):,} words, {len(words):,} distinct "
+          f"({sum(len(w) for w in words):,} bytes); Python {platform.python_version()} on {platform.machine()}")
+
+    results = {}
+    for name, trainer in (("naive", train_merges_naive), ("incremental", train_merges_incremental)):
+        runs = [timed(trainer, words, freqs, args.merges) for _ in range(args.repeats)]
+        results[name] = min(runs, key=lambda r: r[0])
+    naive, inc = results["naive"], results["incremental"]
+    if naive[2] != inc[2]:
+        print("ERROR: the two trainers learned different merges")
+        return 1
+    n = len(inc[2])
+    print(f"\n{n} merges (best of {args.repeats}):")
+    print(f"  naive       {naive[0]:8.3f} s")
+    print(f"  incremental {inc[0]:8.3f} s")
+    print(f"  ratio       {naive[0] / inc[0]:8.1f}x   (same merges: True)")
+
+    print("\nseconds after k merges (from the best run of each):")
+    print(f"  {'k':>6} {'naive':>9} {'incremental':>12} {'ratio':>7}")
+    for k in (10, 100, 250, 500, 750, 1000, 2000):
+        if k <= n:
+            a, b = naive[1][k - 1], inc[1][k - 1]
+            print(f"  {k:>6} {a:>9.3f} {b:>12.3f} {a / b:>6.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
