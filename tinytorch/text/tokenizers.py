@@ -121,17 +121,17 @@ class CharTokenizer:
 
         `unk_token`, if given, is added to the special tokens when it is not already one of them.
 
-        TODO (Exercise 10.1a): the inputs are checked for you; build three tables.
+        TODO (Exercise 10.1a): the inputs are checked for you; store three lookup tables.
 
         APPROACH:
-        1. `self.itos`: a list, position = id. The characters first, in the order of `chars`,
-           then the special tokens.
-        2. `self.stoi`: a dict from each character to its id (characters only).
-        3. `self.special_ids`: a dict from each special token to its id (they come right after
-           the characters).
+        1. `itos` ("id to string"): a list whose position is the id; the characters in the
+           order given, followed by the special tokens.
+        2. `stoi` ("string to id"): a dict from each ordinary character to its id.
+        3. `special_ids`: a dict from each special token to its id; they are numbered right
+           after the characters.
 
-        EXAMPLE: `CharTokenizer("ab", ["<eos>"])` has `itos == ["a", "b", "<eos>"]`,
-        `stoi == {"a": 0, "b": 1}` and `special_ids == {"<eos>": 2}`.
+        EXAMPLE: for the characters "ab" and the special token "<eos>", `itos` lists a, b, <eos>;
+        `stoi` sends a to 0 and b to 1; `special_ids` sends <eos> to 2.
         """
         chars = list(chars)
         for c in chars:
@@ -182,15 +182,16 @@ class CharTokenizer:
         TODO (Exercise 10.1b): cut the text at the special tokens, then look up every character.
 
         APPROACH:
-        1. The text was checked for you. Walk over the pieces that `split_special` gives for
-           `self.special_tokens`, keeping track of where each piece starts in `text` (for the
-           error message).
-        2. A special piece is one id, from `special_ids`.
-        3. In an ordinary piece each character is one id from `stoi`; for a missing one use the
-           unk id, or raise the error above when `self.unk_token` is None.
+        1. The text has been checked for you. Go through the pieces of the text, cut at this
+           tokenizer's special tokens, and remember where each piece starts (the error message
+           needs the position in the whole text).
+        2. A special piece becomes its one id.
+        3. In an ordinary piece every character becomes its id; a character without one gets the
+           unk token's id, or the error above when there is no unk token.
 
         HINTS:
-        - `ord(c)` is the code point; the format spec `04X` prints it as 4 hex digits.
+        - `split_special` (given above); `ord` gives a character's code point, written as four
+          upper-case hex digits in the message.
         """
         text = _check_text(text, "CharTokenizer.encode")
         ### BEGIN SOLUTION
@@ -216,11 +217,12 @@ class CharTokenizer:
     def decode(self, ids) -> str:
         """The text of a list of ids: `decode(encode(s)) == s` when every character of `s` is known.
 
-        TODO (Exercise 10.1c): one line once the ids are checked (done for you: `ids` is then a
-        list of ints in range, and a bad id has already raised ValueError).
+        TODO (Exercise 10.1c): one line. The ids have been checked for you (a bad id has
+        already raised ValueError): look each one up in the id-to-string table and glue the
+        strings together.
 
         HINTS:
-        - `self.itos` maps an id to its string; `str.join` glues a list of strings.
+        - `str.join`.
         """
         ids = _check_ids(ids, self.vocab_size, "CharTokenizer.decode")
         ### BEGIN SOLUTION
@@ -255,15 +257,15 @@ def count_pairs(words, freqs=None) -> dict:
 
     EXAMPLE: `count_pairs([[1, 2, 3], [1, 2]], [5, 2])` is `{(1, 2): 7, (2, 3): 5}`.
 
-    TODO (Exercise 10.2): one pass over every word; no pair list is built for the whole corpus.
+    TODO (Exercise 10.2): one pass over every word; no list of all the corpus's pairs is built.
 
     APPROACH:
-    1. Pair each word with its frequency.
-    2. The adjacent pairs of a word are the word zipped with itself shifted by one.
-    3. Add the word's frequency to each of its pairs' counts.
+    1. Go through the words together with their frequencies.
+    2. A word's adjacent pairs are its elements side by side with the elements one further on.
+    3. Each of those pairs gains the word's frequency in the result.
 
     HINTS:
-    - `zip`, slicing, and `dict.get(key, 0)`.
+    - `zip` and slicing give the pairs; `dict.get` with a default starts a new count.
     """
     if freqs is not None and len(freqs) != len(words):
         raise ValueError(f"count_pairs: {len(words)} words but {len(freqs)} frequencies; give one frequency per word")
@@ -282,13 +284,16 @@ def merge_pair(ids, pair, new_id: int) -> list:
     EXAMPLES: `merge_pair([1, 2, 3, 1, 2], (1, 2), 9)` is `[9, 3, 9]`;
     `merge_pair([7, 7, 7], (7, 7), 9)` is `[9, 7]`. `ids` itself is not modified.
 
-    TODO (Exercise 10.3): one left-to-right pass with an index.
+    TODO (Exercise 10.3): one left-to-right pass with a position that you move yourself.
 
     APPROACH:
-    1. Keep a position `i` and an output list.
-    2. If the ids at `i` and `i + 1` are the pair, emit `new_id` and step over both;
-       otherwise emit the id at `i` and step over one.
+    1. Start at the first position with an empty output.
+    2. If the id here and the next one form the pair, output the new id and move two places
+       on; otherwise output the id here and move one place on.
     3. Mind the last position: it has no right neighbour.
+
+    HINTS:
+    - A `while` loop, because the step is sometimes 1 and sometimes 2.
     """
     ### BEGIN SOLUTION
     a, b = pair
@@ -320,15 +325,16 @@ def train_merges_naive(words, freqs, n_merges: int, first_id: int = 256, callbac
     EXAMPLE: `train_merges_naive([[1, 2, 3], [1, 2]], [1, 1], 2)` is `[(1, 2), (256, 3)]`:
     `(1, 2)` occurs twice, then `(256, 3)` is the only pair left.
 
-    TODO (Exercise 10.4): the four steps of BPE, repeated.
+    TODO (Exercise 10.4): the steps of BPE, repeated.
 
     APPROACH:
-    1. Copy the words into lists you may replace.
-    2. For each merge number `k`: count all pairs, pick the winner with the tie rule (stop if
-       there is none), replace it in every word by `first_id + k`, record it, call the callback.
+    1. Work on copies of the words, never on the caller's lists.
+    2. For each merge: count every pair, choose the winner by the tie rule (stop when there
+       is none), replace it in every word by the next free id, record it, report it to the
+       callback if there is one.
 
     HINTS:
-    - `count_pairs`, `most_frequent_pair`, `merge_pair`.
+    - Your `count_pairs` and `merge_pair`, and the given `most_frequent_pair`.
     """
     ### BEGIN SOLUTION
     words = [list(w) for w in words]
@@ -498,15 +504,15 @@ class BPETokenizer:
         `errors` is passed to `bytes.decode`: "replace" (default) shows such bytes as U+FFFD,
         "strict" raises UnicodeDecodeError.
 
-        TODO (Exercise 10.5): bytes first, text once. The ids are checked for you.
+        TODO (Exercise 10.5): bytes first, text once. The ids have been checked for you.
 
         APPROACH:
-        1. Look up the bytes of every id in `self.vocab` and join them into one `bytes` object.
-        2. Decode that with UTF-8, passing `errors` on.
+        1. Concatenate the bytes of all the tokens (the vocabulary maps an id to its bytes).
+        2. Turn the result into text with the UTF-8 codec, once, with the caller's error policy.
 
         HINTS:
-        - Decoding each token separately would fail on a token that holds half a character:
-          `"é".encode("utf-8")` is 2 bytes, and after training they may sit in different tokens.
+        - `bytes.join` and `bytes.decode`. Decoding token by token would break on a token that
+          holds half a character: é is 2 bytes, and training may put them in different tokens.
         """
         ids = _check_ids(ids, self.vocab_size, "BPETokenizer.decode")
         ### BEGIN SOLUTION
@@ -522,16 +528,16 @@ class BPETokenizer:
         among the adjacent pairs present, the one with the **lowest** merged id (it was learned
         first) is merged everywhere in the sequence. Stop when no adjacent pair is a learned merge.
 
-        TODO (Exercise 10.6): the greedy lowest-rank-first loop.
+        TODO (Exercise 10.6): the greedy loop, lowest merge first.
 
         APPROACH:
-        1. Start from the byte values (a `bytes` object iterates as ints).
-        2. While at least two ids remain: find the adjacent pair with the smallest id in
-           `self.ranks` (pairs that are not there rank as infinity). If it is not a learned merge,
-           stop; otherwise merge it with its id.
+        1. Start from the byte values (iterating over a bytes object gives ints).
+        2. As long as there are at least two ids: among the adjacent pairs, find the one whose
+           merged id in the ranks table is lowest, treating pairs that were never learned as
+           ranking last. If even that one was never learned, you are done; otherwise merge it.
 
         HINTS:
-        - `min` with a `key`, `dict.get` with a default of `float("inf")`, and your `merge_pair`.
+        - `min` with a key function, and your `merge_pair`.
         """
         ### BEGIN SOLUTION
         ids = list(data)
