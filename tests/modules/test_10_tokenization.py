@@ -326,6 +326,13 @@ def test_training_is_deterministic_and_independent_of_story_order():
 
 
 @pytest.mark.exercise("10.3", "merge_pair")
+def test_a_shorter_training_run_is_a_prefix_of_a_longer_one():
+    corpus = load_text_corpus()
+    long_run = BPETokenizer().train(corpus, 900).merges
+    assert BPETokenizer().train(corpus, 300).merges == long_run[:44], "the first k merges must not depend on vocab_size"
+
+
+@pytest.mark.exercise("10.3", "merge_pair")
 def test_training_is_the_same_under_any_hash_seed(root, python_env):
     assert merge_pair([1, 2], (1, 2), 3) == [3], "merge_pair must work before training can be checked in a subprocess"
     script = ("from tinytorch.text.tokenizers import BPETokenizer; from tinytorch.data.loader import load_text_corpus; "
