@@ -6,7 +6,9 @@ incremental one (update only the words a merge changed). Both run in this proces
 Prints, for each trainer, the best of `repeats` wall-clock times (seconds) to learn `merges` merges
 (default 1000, the README's row), checks that both learned the same merges, and prints the ratio.
 A second table gives the time at intermediate merge counts from one run of each (a callback
-records the time after every merge). Not a test: nothing here fails except a disagreement.
+records the time after every merge). A last row trains without the pre-split (`--no-split-merges`,
+default 200 merges): the whole corpus is then one 39 KB word that every merge touches, the worst
+case for the incremental trainer. Not a test: nothing here fails except a disagreement.
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--merges", type=int, default=1000, help="merges to learn (default 1000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per trainer; the best time is reported")
+    parser.add_argument("--no-split-merges", type=int, default=200,
+                        help="merges for the run without pre-split (0 skips it; default 200)")
     args = parser.parse_args(argv)
 
     corpus = load_text_corpus()
@@ -67,6 +71,16 @@ def main(argv=None) -> int:
         if k <= n:
             a, b = naive[1][k - 1], inc[1][k - 1]
             print(f"  {k:>6} {a:>9.3f} {b:>12.3f} {a / b:>6.1f}x")
+
+    if args.no_split_merges:
+        whole = [list(corpus.encode("utf-8"))]
+        naive1 = timed(train_merges_naive, whole, [1], args.no_split_merges)
+        inc1 = timed(train_merges_incremental, whole, [1], args.no_split_merges)
+        if naive1[2] != inc1[2]:
+            print("ERROR: the two trainers learned different merges without pre-split")
+            return 1
+        print(f"\nno pre-split (one word of {len(whole[0]):,} bytes), {len(inc1[2])} merges, one run each:")
+        print(f"  naive {naive1[0]:.3f} s, incremental {inc1[0]:.3f} s, ratio {naive1[0] / inc1[0]:.1f}x")
     return 0
 
 

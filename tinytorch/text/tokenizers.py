@@ -374,10 +374,19 @@ def train_merges_incremental(words, freqs, n_merges: int, first_id: int = 256, c
             new = merge_pair(old, pair, new_id)
             if len(new) == len(old):
                 continue                          # stale membership: the pair left this word earlier
-            for p in zip(old, old[1:]):           # take the old word's pairs out of the counts ...
+            # The k-th new token sits at new[m] and was made of old[m + k], old[m + k + 1]. Only pairs
+            # that touch such a place change: old pairs m+k-1, m+k, m+k+1 go, new pairs m-1, m come
+            # (pair j is (w[j], w[j + 1]); sets, because neighbouring merges share pairs).
+            gone, came = set(), set()
+            for k, m in enumerate([m for m, t in enumerate(new) if t == new_id]):
+                gone.update(range(max(m + k - 1, 0), min(m + k + 2, len(old) - 1)))
+                came.update(range(max(m - 1, 0), min(m + 1, len(new) - 1)))
+            for j in gone:
+                p = (old[j], old[j + 1])
                 counts[p] -= f
                 changed.add(p)
-            for p in zip(new, new[1:]):           # ... and put the new word's pairs in
+            for j in came:
+                p = (new[j], new[j + 1])
                 counts[p] = counts.get(p, 0) + f
                 where.setdefault(p, set()).add(i)
                 changed.add(p)
