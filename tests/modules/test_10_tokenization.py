@@ -536,4 +536,4 @@ def test_char_load_rejects_a_bpe_file_and_damage(tmp_path):
 
 
 def test_repr_says_what_the_vocabulary_holds():
-    assert "259: 256 bytes + 2 merges + 1 special tokens" in repr(BPETokenizer.from_merges([(1, 2), (3, 256)], [EOT]))
+    assert "259: 256 bytes + 2 merges + 1 special token)" in repr(BPETokenizer.from_merges([(1, 2), (3, 256)], [EOT]))

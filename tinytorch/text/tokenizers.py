@@ -601,5 +601,6 @@ class BPETokenizer:
         return tok
 
     def __repr__(self) -> str:
+        n = len(self.special_tokens)
         return (f"BPETokenizer(vocab_size={self.vocab_size}: 256 bytes + {len(self.merges)} merges + "
-                f"{len(self.special_tokens)} special tokens)")
+                f"{n} special token{'' if n == 1 else 's'})")
