@@ -297,6 +297,12 @@ def test_incremental_training_matches_reference(words, n, data):
     assert len(counts) == len(got) and all(c >= 1 for c in counts)
 
 
+@pytest.mark.exercise("10.3", "merge_pair")
+def test_incremental_training_on_one_long_word_matches_reference():
+    word = list(load_text_corpus()[:3000].encode("utf-8")) + [7] * 9      # long, and ends in a run of repeats
+    assert train_merges_incremental([word], [2], 120) == ref_train([word], [2], 120)
+
+
 @pytest.mark.exercise("10.4", "train_merges_naive")
 @PROPERTY
 @given(text=small_text, vocab=st.integers(256, 300))
