@@ -6,13 +6,15 @@ incremental one (update only the words a merge changed). Both run in this proces
 Prints, for each trainer, the best of `repeats` wall-clock times (seconds) to learn `merges` merges
 (default 1000, the README's row), checks that both learned the same merges, and prints the ratio.
 A second table gives the time at intermediate merge counts from one run of each (a callback
-records the time after every merge). A last row trains without the pre-split (`--no-split-merges`,
+records the time after every merge). The garbage collector is paused while timing, as `timeit`
+does (`--gc` leaves it running). A last row trains without the pre-split (`--no-split-merges`,
 default 200 merges): the whole corpus is then one 39 KB word that every merge touches, the worst
 case for the incremental trainer. Not a test: nothing here fails except a disagreement.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import platform
 import sys
 import time
@@ -29,17 +31,25 @@ from tinytorch.text.tokenizers import (  # noqa: E402
 )
 
 
-def timed(trainer, words, freqs, merges):
+def timed(trainer, words, freqs, merges, pause_gc=True):
     "(total seconds, seconds after each merge, merges learned) of one run."
-    marks, t0 = [], time.perf_counter()
-    learned = trainer(words, freqs, merges, callback=lambda k, pair, count: marks.append(time.perf_counter() - t0))
-    return time.perf_counter() - t0, marks, learned
+    marks = []
+    if pause_gc:
+        gc.disable()
+    try:
+        t0 = time.perf_counter()
+        learned = trainer(words, freqs, merges, callback=lambda k, pair, count: marks.append(time.perf_counter() - t0))
+        total = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    return total, marks, learned
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--merges", type=int, default=1000, help="merges to learn (default 1000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per trainer; the best time is reported")
+    parser.add_argument("--gc", action="store_true", help="leave the garbage collector running while timing")
     parser.add_argument("--no-split-merges", type=int, default=200,
                         help="merges for the run without pre-split (0 skips it; default 200)")
     args = parser.parse_args(argv)
@@ -53,14 +63,14 @@ def main(argv=None) -> int:
 
     results = {}
     for name, trainer in (("naive", train_merges_naive), ("incremental", train_merges_incremental)):
-        runs = [timed(trainer, words, freqs, args.merges) for _ in range(args.repeats)]
+        runs = [timed(trainer, words, freqs, args.merges, not args.gc) for _ in range(args.repeats)]
         results[name] = min(runs, key=lambda r: r[0])
     naive, inc = results["naive"], results["incremental"]
     if naive[2] != inc[2]:
         print("ERROR: the two trainers learned different merges")
         return 1
     n = len(inc[2])
-    print(f"\n{n} merges (best of {args.repeats}):")
+    print(f"\n{n} merges (best of {args.repeats}, garbage collector {'running' if args.gc else 'paused'}):")
     print(f"  naive       {naive[0]:8.3f} s")
     print(f"  incremental {inc[0]:8.3f} s")
     print(f"  ratio       {naive[0] / inc[0]:8.1f}x   (same merges: True)")
@@ -74,8 +84,8 @@ def main(argv=None) -> int:
 
     if args.no_split_merges:
         whole = [list(corpus.encode("utf-8"))]
-        naive1 = timed(train_merges_naive, whole, [1], args.no_split_merges)
-        inc1 = timed(train_merges_incremental, whole, [1], args.no_split_merges)
+        naive1 = timed(train_merges_naive, whole, [1], args.no_split_merges, not args.gc)
+        inc1 = timed(train_merges_incremental, whole, [1], args.no_split_merges, not args.gc)
         if naive1[2] != inc1[2]:
             print("ERROR: the two trainers learned different merges without pre-split")
             return 1
