@@ -196,6 +196,9 @@ def test_char_constructor_errors(chars, specials, match):
 @pytest.mark.parametrize("ids, error, match", [
     ([0, 258], ValueError, r"ids\[1\] = 258 is not a token id; this tokenizer has ids 0..257"),
     ([-1], ValueError, "ids 0..257"),
+    (np.array([3, 258, 1]), ValueError, r"ids\[1\] = 258 is not a token id"),
+    (np.array([-2], dtype=np.int8), ValueError, r"ids\[0\] = -2"),
+    (np.array([1.0]), TypeError, "dtype float64"),
     ([0.0], TypeError, "integers"),
     ([True], TypeError, "integers"),
     ("ab", TypeError, "list of integer"),

@@ -54,10 +54,13 @@ def _check_ids(ids, vocab_size: int, who: str) -> list:
     "`ids` (a list, tuple, 1-D integer array or Tensor) as a list of Python ints in [0, vocab_size)."
     if isinstance(ids, Tensor):
         ids = ids.data
-    if isinstance(ids, np.ndarray):
+    if isinstance(ids, np.ndarray):                # checked as a whole: no Python loop over the ids
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise TypeError(f"{who}: ids must be a 1-D sequence of integers; got an array of shape {ids.shape}, dtype {ids.dtype}")
-        ids = ids.tolist()
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+        if bad.size:
+            raise ValueError(f"{who}: ids[{bad[0]}] = {ids[bad[0]]} is not a token id; this tokenizer has ids 0..{vocab_size - 1}")
+        return ids.tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise TypeError(f"{who}: ids must be a list of integer token ids; got {type(ids).__name__}")
     out = []
