@@ -566,7 +566,9 @@ class BPETokenizer:
 
         With `allow_special=False` special tokens in the text are encoded as ordinary text (use it
         for untrusted input, so that a user cannot type `<|endoftext|>` into your data). Either way
-        `decode(encode(text)) == text`.
+        `decode(encode(text)) == text`. Each distinct word's ids are cached (the cache is emptied
+        when it passes 100 000 words, so that a stream of never-repeating words cannot grow it
+        without bound).
         """
         text = _check_text(text, "BPETokenizer.encode")
         if len(self._cache) > 100_000:
