@@ -587,7 +587,7 @@ def test_dtype_rules_with_python_numbers():
                       ("1.5 / x", 1.5 / f32)]:
         assert got.dtype == np.float32, f"float32 tensor: {what} has dtype {got.dtype}; expected float32"
     i = Tensor([1, 2, 3])
-    for what, got in [("x * 0.5", i * 0.5), ("0.5 * x", 0.5 * i), ("x / 2", i / 2), ("x + 0.25", i + 0.25)]:
+    for what, got in [("x * 0.5", i * 0.5), ("0.5 * x", 0.5 * i), ("x / 2.0", i / 2.0), ("x + 0.25", i + 0.25)]:
         assert got.dtype == np.float32, f"int tensor: {what} has dtype {got.dtype}; expected float32 (not float64)"
     f64 = Tensor([1.0, 2.0], dtype=np.float64)
     for what, got in [("x * 0.5", f64 * 0.5), ("x + x", f64 + f64), ("x.exp()", f64.exp()), ("x.sum()", f64.sum())]:
