@@ -1,8 +1,8 @@
 """How far is tinytorch from plain NumPy, and how much did per-op overhead change? One process, same data.
 
-    python tests/benchmarks/bench_overhead.py [--repeats 5] [--before 5bd477c]
+    python tests/benchmarks/bench_overhead.py [--rounds 5] [--before 5bd477c]
 
-Each row times (with `tinytorch.perf.measure.time_call`, best of `repeats`) the tinytorch operation,
+Each row times (with `tinytorch.perf.measure.time_call`, in turns, best of `--rounds`) the tinytorch operation,
 the same operation with the tensor module as it was at git revision `--before` (the module 01
 Tensor before op records, `__slots__` and the fast result path; read with `git show` and imported
 under another name), and the plain NumPy expression. Ratios are against NumPy in the same run: a
@@ -14,22 +14,28 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
+# One BLAS thread for NumPy, set before anything imports NumPy (see tests/support/bench.py).
+for _var in ("OPENBLAS_NUM_THREADS",):  # not MKL_NUM_THREADS: torch reads it too
+    os.environ.setdefault(_var, os.environ.get("TINYTORCH_BENCH_BLAS_THREADS", "1"))
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from tests.support.bench import interleaved  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 from tinytorch.core.activations import ReLU, Softmax  # noqa: E402
 from tinytorch.core.layers import Linear  # noqa: E402
 from tinytorch.core.losses import CrossEntropyLoss  # noqa: E402
 from tinytorch.core.tensor import Tensor  # noqa: E402
 from tinytorch.data.loader import DataLoader, TensorDataset  # noqa: E402
-from tinytorch.perf.measure import time_call  # noqa: E402
 
 
 def load_old_tensor(rev: str):
@@ -106,18 +112,18 @@ def fmt(seconds: float | None) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per row (the best one is reported)")
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds per row (the best of each is reported)")
     p.add_argument("--before", default="5bd477c", help="git revision of the 'before' tensor module")
     args = p.parse_args(argv)
     old = load_old_tensor(args.before)
     Old = old.Tensor if old is not None else None
     rng = np.random.default_rng(0)
-    print(f"tinytorch vs NumPy, best of {args.repeats} repeats (time_call); 'before' = tensor.py at {args.before}")
+    print(f"tinytorch vs NumPy, best of {args.rounds} interleaved rounds (time_call); 'before' = tensor.py at "
+          f"{args.before}; NumPy's BLAS single-threaded")
     print(f"{'operation':<36} {'numpy':>11} {'before':>11} {'now':>11} {'before/np':>9} {'now/np':>8}")
     for name, ours, before, baseline in cases(rng, Old):
-        t_np = time_call(baseline, repeats=args.repeats).best
-        t_before = time_call(before, repeats=args.repeats).best if before else None
-        t_now = time_call(ours, repeats=args.repeats).best
+        t = interleaved({"numpy": baseline, "before": before or None, "now": ours}, args.rounds)
+        t_np, t_before, t_now = t["numpy"], t["before"], t["now"]
         r_before = "-" if t_before is None else f"{t_before / t_np:.2f}x"
         print(f"{name:<36} {fmt(t_np):>11} {fmt(t_before):>11} {fmt(t_now):>11} {r_before:>9} {t_now / t_np:7.2f}x")
 
