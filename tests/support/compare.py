@@ -75,7 +75,7 @@ def assert_close(got, expected, *, op: str, what: str = "", inputs=None, rtol: f
     raise AssertionError(
         f"{head}: {int(np.sum(bad))} of {bad.size} values differ from {reference} "
         f"(max abs error {finite.max() if finite.size else float('nan'):.3g}, rtol {rtol:g}, atol {atol:g}); "
-        f"at index {first}: received {g[first]!r}, expected {e[first]!r}{tail}")
+        f"at index {first}: received {g[first].item()!r}, expected {e[first].item()!r}{tail}")
 
 
 def check_close(got, expected, *, fn: str, what: str, rtol=RTOL, atol=ATOL, dtype=np.float32, inputs=None,

@@ -459,13 +459,14 @@ def rows(module: str | None = None, differentiable: bool | None = None, names=No
     return out
 
 
-def params(ops, which: str = "forward"):
-    """pytest params of `ops`, each marked with its exercise (`which`: 'forward' or 'grad')."""
+def params(ops, which: str | None = "forward"):
+    """pytest params of `ops`, each marked with its exercise (`which`: 'forward', 'grad', or None for
+    no per-op marker when the test function carries its own)."""
     import pytest
 
     out = []
     for op in ops:
-        ex = op.exercise if which == "forward" else op.grad_exercise
+        ex = {"forward": op.exercise, "grad": op.grad_exercise}.get(which)
         marks = [pytest.mark.exercise(*ex)] if ex else []
         out.append(pytest.param(op, id=op.name, marks=marks))
     return out
