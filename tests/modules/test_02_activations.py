@@ -1,7 +1,8 @@
 """Module 02 (activations): the exported `tinytorch.core.activations` checked against NumPy.
 
-Each activation is written once more below as a float64 NumPy reference formula (and compared with
-PyTorch too when it happens to be installed). Hypothesis draws the shapes, the values (moderate ones
+Each activation is written once more as a float64 NumPy reference formula, in the course's shared
+reference table (`tests/support/ops.py`, with its torch call and tolerances), and compared with
+PyTorch too when it happens to be installed. Hypothesis draws the shapes, the values (moderate ones
 for precision, values up to magnitude 1e4 for stability), the `dim` and the memory layout of the
 input (contiguous, transposed, strided or reversed views), so an activation that only works on
 fresh contiguous rows fails here. Stability tests turn every NumPy floating-point RuntimeWarning
