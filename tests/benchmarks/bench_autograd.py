@@ -185,7 +185,11 @@ def main(argv=None) -> None:
     # torch's OpenMP workers spin for a while after each parallel region; that steals the cores from
     # whichever candidate runs next (NumPy's BLAS threads included). Passive waiting keeps turns fair.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
+    try:
+        import torch
+    except ImportError:
+        sys.exit("bench_autograd.py compares with PyTorch, which is not installed here: "
+                 "pip install -e '.[reference]' (the pinned CPU build), then run it again")
 
     default_threads = torch.get_num_threads()
     one_thread = lambda: torch.set_num_threads(1)  # noqa: E731
