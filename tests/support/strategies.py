@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import Phase, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays, mutually_broadcastable_shapes
 
@@ -20,8 +20,9 @@ PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrin
 
 
 def property_settings(max_examples: int = 50) -> settings:
-    "Hypothesis settings of a property test: a modest budget, no deadline (two shared cores)."
-    return settings(max_examples=max_examples, deadline=None, phases=PHASES)
+    """Hypothesis settings of a property test: a modest budget, no deadline, and no `too_slow` health
+    check (on a loaded shared machine drawing a few small arrays can take a second)."""
+    return settings(max_examples=max_examples, deadline=None, phases=PHASES, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass(frozen=True)
