@@ -22,7 +22,8 @@ PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrin
 def property_settings(max_examples: int = 50) -> settings:
     """Hypothesis settings of a property test: a modest budget, no deadline, and no `too_slow` health
     check (on a loaded shared machine drawing a few small arrays can take a second)."""
-    return settings(max_examples=max_examples, deadline=None, phases=PHASES, suppress_health_check=[HealthCheck.too_slow])
+    return settings(max_examples=max_examples, deadline=None, phases=PHASES,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass(frozen=True)
