@@ -1,8 +1,8 @@
 """Module 01 (tensor): the exported `tinytorch.core.tensor` checked against NumPy.
 
-Every operation a student writes is stated once in a reference table below (its TinyTorch form, its
-NumPy form and the inputs it is defined on); one property test per kind of operation drives the
-whole table. Hypothesis draws the shapes, the broadcasting pairs, Python scalars on either side and
+Every operation a student writes is stated once in the course's reference table
+(`tests/support/ops.py`: its TinyTorch form, its NumPy and torch forms, the inputs it is defined on
+and its exercise); one property test per kind of operation drives the table. Hypothesis draws the shapes, the broadcasting pairs, Python scalars on either side and
 the memory layout of each input (contiguous, transposed, strided or reversed views of a larger base
 array), so a method that only works on fresh contiguous arrays fails here.
 
@@ -11,180 +11,32 @@ run one exercise with `pytest tests/modules/test_01_tensor.py --exercise 1.4`.
 """
 from __future__ import annotations
 
-import math
 import operator
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import array_shapes, arrays, mutually_broadcastable_shapes
 
-from tinytorch.core.tensor import Tensor, broadcast_shape
+from tests.support import (
+    ANY, ATOL, PHASES, RTOL, assert_close, axis_specs, broadcast_pairs, check_close, incompatible_pairs, laid_out,
+    layout, matmul_shapes, params, property_settings, rows, shape_id, shapes, to_torch, tt_args,
+)
+from tests.support import BY_NAME as OP
+from tinytorch.core.tensor import Tensor, broadcast_shape, concatenate, set_grad_enabled, stack, where
 
 pytestmark = pytest.mark.module("01")
 
-# Modest budget: the whole file runs in seconds on two cores. The `explain` phase is left out: on a
-# failing test it costs seconds per test and adds nothing to a minimal (shrunk) counterexample.
-PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
-PROPERTY = settings(max_examples=50, deadline=None, phases=PHASES)
-
-# Tolerances for float32 results compared with NumPy on the same float32 inputs.
-RTOL, ATOL = 1e-5, 1e-6
-
+# Modest budget: the whole file runs in seconds on two cores.
+PROPERTY = property_settings(max_examples=50)
 
 # ---------------------------------------------------------------------------------------------
-# Inputs: value domains, memory layouts, shapes
+# Rows of the shared reference table (tests/support/ops.py) these tests drive
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Domain:
-    """Where an operand's values may lie: [lo, hi], and |v| >= min_abs (e.g. away from 0 for /)."""
-
-    lo: float
-    hi: float
-    min_abs: float = 0.0
-
-    def elements(self) -> st.SearchStrategy[float]:
-        "float32-representable values for array elements."
-        if self.min_abs:
-            return st.one_of(
-                st.floats(self.lo, -self.min_abs, width=32), st.floats(self.min_abs, self.hi, width=32)
-            )
-        return st.floats(self.lo, self.hi, width=32)
-
-    def scalars(self) -> st.SearchStrategy[int | float]:
-        "Python ints and floats (never NumPy scalars) for the scalar side of an operator."
-        ok = lambda v: abs(v) >= self.min_abs  # noqa: E731
-        ints = st.integers(math.ceil(self.lo), math.floor(self.hi)).filter(ok)
-        floats = st.floats(self.lo, self.hi, allow_nan=False, allow_infinity=False).filter(ok)
-        return st.one_of(ints, floats)
-
-
-ANY = Domain(-10.0, 10.0)
-NONZERO = Domain(-5.0, 5.0, min_abs=0.5)  # divisors
-POSITIVE = Domain(0.25, 4.0)  # bases of **
-EXPONENT = Domain(-3.0, 3.0)  # exponents of **
-
-
-@st.composite
-def laid_out(draw, shape, domain: Domain = ANY) -> np.ndarray:
-    """A float32 array of exactly `shape` whose memory layout is drawn too.
-
-    It is a view of a larger base array: every axis is sliced with a step of 1 or 2, forwards or
-    backwards, then the axes are permuted. Identity permutation and unit steps give an ordinary
-    C-contiguous array; anything else is a non-contiguous view (strides that skip, run backwards
-    or are out of order).
-    """
-    shape = tuple(shape)
-    ndim = len(shape)
-    perm = draw(st.permutations(range(ndim))) if ndim else []
-    steps = draw(st.lists(st.sampled_from([1, 2, -1, -2]), min_size=ndim, max_size=ndim))
-    pre = [0] * ndim  # shape before the permutation: pre[perm[i]] == shape[i]
-    for i, p in enumerate(perm):
-        pre[p] = shape[i]
-    base = draw(arrays(np.float32, tuple(n * abs(s) for n, s in zip(pre, steps)), elements=domain.elements()))
-    # the trailing Ellipsis keeps a 0-d result an array view (base[()] would be a NumPy scalar)
-    view = base[tuple(slice(None, None, s) for s in steps) + (Ellipsis,)].transpose(perm)
-    assert view.shape == shape
-    return view
-
-
-def layout(x: np.ndarray) -> str:
-    "How an input is laid out, for failure messages."
-    kind = "contiguous" if x.flags["C_CONTIGUOUS"] else "non-contiguous"
-    return f"shape {x.shape}, strides {x.strides} ({kind})"
-
-
-def shape_id(shape) -> str:
-    "A test id for a shape: (2, 3) -> '2x3'."
-    return "x".join(map(str, shape)) or "scalar"
-
-
-def shapes(min_dims=0, max_dims=4, min_side=1, max_side=3):
-    return array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
-
-
-def broadcast_pairs(min_dims=0, max_dims=4, min_side=1, max_side=3):
-    "Two shapes that broadcast together (either may have fewer dimensions or size-1 axes)."
-    return mutually_broadcastable_shapes(
-        num_shapes=2, min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side
-    ).map(lambda s: s.input_shapes)
-
-
-@st.composite
-def incompatible_pairs(draw):
-    "Two shapes that do NOT broadcast: one aligned axis has sizes x != y, both > 1."
-    a, b = draw(broadcast_pairs(min_dims=1))
-    k = draw(st.integers(1, min(len(a), len(b))))  # axis -k, aligned from the right
-    x = draw(st.integers(2, 5))
-    y = draw(st.integers(2, 5).filter(lambda v: v != x))
-    a = a[: len(a) - k] + (x,) + a[len(a) - k + 1 :]
-    b = b[: len(b) - k] + (y,) + b[len(b) - k + 1 :]
-    return a, b
-
-
-@st.composite
-def axis_specs(draw, ndim: int, allow_empty: bool = True):
-    "None, an int or a tuple of distinct axes, each written as a positive or negative index."
-    if ndim == 0:
-        return None
-    kind = draw(st.sampled_from(["none", "int", "tuple"]))
-    if kind == "none":
-        return None
-    spell = lambda ax: ax - ndim if draw(st.booleans()) else ax  # noqa: E731
-    if kind == "int":
-        return spell(draw(st.integers(0, ndim - 1)))
-    axes = draw(st.lists(st.integers(0, ndim - 1), unique=True, min_size=0 if allow_empty else 1, max_size=ndim))
-    return tuple(spell(ax) for ax in axes)
-
-
-def check_close(got, expected, *, fn: str, what: str, rtol=RTOL, atol=ATOL, dtype=np.float32):
-    """`got` must be a Tensor with NumPy's shape, the expected dtype and NumPy's values."""
-    expected = np.asarray(expected)
-    assert isinstance(got, Tensor), f"{fn}: {what} returned a {type(got).__name__}; expected a Tensor"
-    assert got.shape == expected.shape, f"{fn}: {what} has shape {got.shape}; expected {expected.shape} (as NumPy)"
-    if dtype is not None:
-        assert got.dtype == dtype, f"{fn}: {what} has dtype {got.dtype}; expected {np.dtype(dtype)}"
-    np.testing.assert_allclose(
-        got.data, expected, rtol=rtol, atol=atol,
-        err_msg=f"{fn}: {what}: values differ from NumPy (ACTUAL = received, DESIRED = expected)",
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Reference tables: each operation written once, in TinyTorch and in NumPy
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BinaryOp:
-    name: str  # the op name the error messages use ("add" ...)
-    symbol: str
-    tt: Callable  # applied to Tensors, ndarrays and Python scalars: exercises the reflected forms
-    ref: Callable  # NumPy reference
-    left: Domain
-    right: Domain
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-BINARY_OPS = [
-    BinaryOp("add", "+", operator.add, np.add, ANY, ANY),
-    BinaryOp("sub", "-", operator.sub, np.subtract, ANY, ANY),
-    BinaryOp("mul", "*", operator.mul, np.multiply, ANY, ANY),
-    BinaryOp("div", "/", operator.truediv, np.true_divide, ANY, NONZERO),
-    BinaryOp("pow", "**", operator.pow, np.power, POSITIVE, EXPONENT),
-]
+BINARY_OPS = [OP[name] for name in ("add", "sub", "mul", "div", "pow")]
 BINARY_IDS = [op.name for op in BINARY_OPS]
-
-UNARY_OPS = [("neg", operator.neg, np.negative, ANY)]
-
-REDUCTIONS = [
-    ("sum", Tensor.sum, np.sum),
-    ("mean", Tensor.mean, np.mean),
-    ("max", Tensor.max, np.max),
-]
+UNARY_OPS = [("neg", OP["neg"].tt, OP["neg"].ref, ANY)]
+REDUCTIONS = [(name, OP[name].tt, OP[name].ref) for name in ("sum", "mean", "max", "var")]
 REDUCTION_IDS = [r[0] for r in REDUCTIONS]
 
 
@@ -333,8 +185,8 @@ def test_repr_item_len():
 @PROPERTY
 @given(data=st.data(), pair=broadcast_pairs())
 def test_binary_tensor_tensor_matches_numpy(op, data, pair):
-    a = data.draw(laid_out(pair[0], op.left), label="a")
-    b = data.draw(laid_out(pair[1], op.right), label="b")
+    a = data.draw(laid_out(pair[0], op.domains[0]), label="a")
+    b = data.draw(laid_out(pair[1], op.domains[1]), label="b")
     a_before, b_before = a.copy(), b.copy()
     got = op.tt(Tensor(a), Tensor(b))
     check_close(got, op.ref(a, b), fn="Tensor._elementwise",
@@ -349,12 +201,12 @@ def test_binary_tensor_tensor_matches_numpy(op, data, pair):
 @given(data=st.data(), shape=shapes())
 def test_binary_with_python_scalar(op, scalar_side, data, shape):
     if scalar_side == "right":  # Tensor op scalar
-        x = data.draw(laid_out(shape, op.left), label="x")
-        s = data.draw(op.right.scalars(), label="scalar")
+        x = data.draw(laid_out(shape, op.domains[0]), label="x")
+        s = data.draw(op.domains[1].scalars(), label="scalar")
         got, expected, what = op.tt(Tensor(x), s), op.ref(x, s), f"Tensor[{layout(x)}] {op.symbol} {s!r}"
     else:  # scalar op Tensor: the reflected method (__radd__, __rsub__, ...)
-        x = data.draw(laid_out(shape, op.right), label="x")
-        s = data.draw(op.left.scalars(), label="scalar")
+        x = data.draw(laid_out(shape, op.domains[1]), label="x")
+        s = data.draw(op.domains[0].scalars(), label="scalar")
         got, expected, what = op.tt(s, Tensor(x)), op.ref(s, x), f"{s!r} {op.symbol} Tensor[{layout(x)}]"
     # NumPy keeps float32 when a Python scalar meets a float32 array; so must we.
     check_close(got, expected, fn="Tensor._elementwise", what=what)
@@ -365,8 +217,8 @@ def test_binary_with_python_scalar(op, scalar_side, data, shape):
 @PROPERTY
 @given(data=st.data(), pair=broadcast_pairs(max_dims=3))
 def test_binary_with_ndarray_on_either_side(op, data, pair):
-    a = data.draw(laid_out(pair[0], op.left), label="a")
-    b = data.draw(laid_out(pair[1], op.right), label="b")
+    a = data.draw(laid_out(pair[0], op.domains[0]), label="a")
+    b = data.draw(laid_out(pair[1], op.domains[1]), label="b")
     expected = op.ref(a, b)
     # ndarray op Tensor: NumPy must defer to Tensor's reflected method (__array_priority__),
     # so the result is one Tensor, not an object array of Tensors.
@@ -416,20 +268,6 @@ def test_integer_tensors_and_scalars():
 # ---------------------------------------------------------------------------------------------
 # Exercise 1.4: Tensor.matmul
 # ---------------------------------------------------------------------------------------------
-@st.composite
-def matmul_shapes(draw, aligned: bool = True):
-    """Shapes of `a @ b`: each operand a vector, a matrix or a batch of matrices
-    (batch dimensions broadcast). With aligned=False the inner sizes differ."""
-    n, k, m = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    k_b = k if aligned else draw(st.integers(1, 5).filter(lambda v: v != k))
-    batch_a, batch_b = draw(broadcast_pairs(min_dims=1, max_dims=2))
-    kind_a = draw(st.sampled_from(["vector", "matrix", "batched"]))
-    kind_b = draw(st.sampled_from(["vector", "matrix", "batched"]))
-    a = {"vector": (k,), "matrix": (n, k), "batched": batch_a + (n, k)}[kind_a]
-    b = {"vector": (k_b,), "matrix": (k_b, m), "batched": batch_b + (k_b, m)}[kind_b]
-    return a, b
-
-
 @pytest.mark.exercise("1.4", "Tensor.matmul")
 @PROPERTY
 @given(data=st.data(), pair=matmul_shapes())
@@ -488,7 +326,7 @@ def test_matmul_matches_torch(data, pair):
     torch = pytest.importorskip("torch")
     a = data.draw(laid_out(pair[0]), label="a")
     b = data.draw(laid_out(pair[1]), label="b")
-    expected = torch.matmul(torch.from_numpy(a.copy()), torch.from_numpy(b.copy())).numpy()
+    expected = torch.matmul(to_torch(a), to_torch(b)).numpy()
     check_close(Tensor(a) @ Tensor(b), expected, fn="Tensor.matmul", what=f"{pair[0]} @ {pair[1]} vs torch.matmul",
                 rtol=1e-5, atol=1e-4)
 
@@ -550,16 +388,12 @@ def test_reductions_match_torch(data, shape, keepdims):
     torch = pytest.importorskip("torch")
     x = data.draw(laid_out(shape), label="x")
     axis = data.draw(axis_specs(len(shape), allow_empty=False), label="axis")
-    tx = torch.from_numpy(x.copy())  # a fresh C-ordered copy: torch rejects negative strides, even on size-1 axes
+    tx = to_torch(x)  # a fresh C-ordered copy: torch rejects negative strides, even on size-1 axes
     atol = 1e-6 * max(1.0, float(np.abs(x, dtype=np.float64).sum()))
-    for name, tt, torch_fn in [("sum", Tensor.sum, torch.sum), ("mean", Tensor.mean, torch.mean),
-                               ("max", Tensor.max, torch.amax)]:
-        if axis is None:
-            expected = torch_fn(tx).numpy().reshape((1,) * x.ndim if keepdims else ())
-        else:
-            expected = torch_fn(tx, dim=axis, keepdim=keepdims).numpy()
+    for name, tt, _ in REDUCTIONS:
+        expected = OP[name].torch(tx, axis=axis, keepdims=keepdims).numpy()
         check_close(tt(Tensor(x), axis=axis, keepdims=keepdims), expected, fn="Tensor._reduce",
-                    what=f"{name}(axis={axis!r}, keepdims={keepdims}) on {shape} vs torch", atol=atol)
+                    what=f"{name}(axis={axis!r}, keepdims={keepdims}) on {shape} vs torch", atol=atol, reference="torch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -685,3 +519,138 @@ def test_batched_matmul_mismatch_names_both_full_shapes():
     with pytest.raises(ValueError) as info:
         Tensor(np.ones((2, 3, 4))) @ Tensor(np.ones((3, 4, 5)))
     assert "(2, 3, 4)" in str(info.value) and "(3, 4, 5)" in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole module-01 part of the reference table: forward values against NumPy
+# (exercises 1.3-1.8; rows without an exercise check code the notebook gives)
+# ---------------------------------------------------------------------------------------------
+MODULE_01 = rows(module="01")
+
+
+@pytest.mark.parametrize("op", params(MODULE_01, "forward"))
+@property_settings(max_examples=25)
+@given(data=st.data())
+def test_table_forward_matches_numpy(op, data):
+    case = data.draw(op.inputs(), label="case")
+    before = [a.copy() if isinstance(a, np.ndarray) else a for a in case.args]
+    got = op.tt(*tt_args(case), **case.kwargs)
+    expected = np.asarray(op.ref(*case.args, **case.kwargs))
+    fn = op.exercise[1] if op.exercise else op.name
+    dtype = np.bool_ if expected.dtype == np.bool_ else np.float32
+    check_close(got, expected, fn=fn, what=f"{op.name}", inputs=case.describe(), rtol=op.rtol, atol=op.atol,
+                dtype=dtype)
+    for a, b in zip(case.args, before):
+        if isinstance(a, np.ndarray):
+            assert np.array_equal(a, b, equal_nan=True), f"{op.name} modified its input in place"
+
+
+@pytest.mark.parametrize("op", params(rows(module="01", differentiable=True), "forward"))
+@property_settings(max_examples=10)
+@given(data=st.data())
+def test_results_record_their_op_iff_an_input_requires_grad(op, data):
+    "Op records: the result's grad_fn names the op (MulBackward) exactly when an input requires grad."
+    case = data.draw(op.inputs(), label="case")
+    out = op.tt(*tt_args(case, requires_grad=True), **case.kwargs)
+    assert out.requires_grad is True, f"{op.name} of inputs with requires_grad=True gave requires_grad={out.requires_grad}"
+    assert type(out.grad_fn).__name__ == op.grad_fn, (
+        f"{op.name}: result.grad_fn is {type(out.grad_fn).__name__}; expected {op.grad_fn} (leave the arrays for the "
+        f"given Tensor.from_op line)")
+    assert not out.is_leaf, f"{op.name}: a recorded result is not a leaf"
+    plain = op.tt(*tt_args(case, requires_grad=False), **case.kwargs)
+    assert plain.requires_grad is False and plain.grad_fn is None, (
+        f"{op.name} of inputs without requires_grad gave requires_grad={plain.requires_grad}, grad_fn={plain.grad_fn!r}")
+    previous = set_grad_enabled(False)
+    try:
+        off = op.tt(*tt_args(case, requires_grad=True), **case.kwargs)
+    finally:
+        set_grad_enabled(previous)
+    assert off.requires_grad is False and off.grad_fn is None, (
+        f"{op.name} with grad mode off (set_grad_enabled(False)) gave requires_grad={off.requires_grad}; expected False")
+
+
+@pytest.mark.exercise("1.3", "Tensor._elementwise")
+def test_comparisons_are_boolean_and_never_recorded():
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    for name, got in [("<", x < 2), ("<=", x <= 2.0), (">", x > Tensor([0.0, 5.0, 3.0])), (">=", x >= 3),
+                      ("==", x == 2), ("!=", x != 2)]:
+        assert got.dtype == np.bool_, f"x {name} ... has dtype {got.dtype}; expected bool"
+        assert got.requires_grad is False and got.grad_fn is None, f"x {name} ...: a comparison is never part of the graph"
+    with pytest.raises(ValueError, match=r"\(3,\).*\(2,\)"):
+        x < Tensor([1.0, 2.0])
+
+
+@pytest.mark.exercise("1.3", "Tensor._elementwise")
+def test_dtype_rules_with_python_numbers():
+    f32 = Tensor([1.0, 2.0])
+    for what, got in [("x * 2", f32 * 2), ("x * 0.5", f32 * 0.5), ("2 - x", 2 - f32), ("x ** 2", f32 ** 2),
+                      ("1.5 / x", 1.5 / f32)]:
+        assert got.dtype == np.float32, f"float32 tensor: {what} has dtype {got.dtype}; expected float32"
+    i = Tensor([1, 2, 3])
+    for what, got in [("x * 0.5", i * 0.5), ("0.5 * x", 0.5 * i), ("x / 2.0", i / 2.0), ("x + 0.25", i + 0.25)]:
+        assert got.dtype == np.float32, f"int tensor: {what} has dtype {got.dtype}; expected float32 (not float64)"
+    f64 = Tensor([1.0, 2.0], dtype=np.float64)
+    for what, got in [("x * 0.5", f64 * 0.5), ("x + x", f64 + f64), ("x.exp()", f64.exp()), ("x.sum()", f64.sum())]:
+        assert got.dtype == np.float64, f"float64 tensor: {what} has dtype {got.dtype}; expected float64 (kept)"
+
+
+@pytest.mark.exercise("1.7", "Tensor._unary")
+def test_unary_on_integers_computes_in_float32_and_follows_numpy_outside_the_domain():
+    got = Tensor([1, 4, 9]).sqrt()
+    check_close(got, [1.0, 2.0, 3.0], fn="Tensor._unary", what="Tensor([1, 4, 9]).sqrt()", atol=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        logs = Tensor([-1.0, 0.0]).log().data
+    assert np.isnan(logs[0]) and logs[1] == -np.inf, f"log([-1, 0]) gave {logs}; expected [nan, -inf] as NumPy"
+
+
+@pytest.mark.exercise("1.2", "Tensor.__init__")
+@pytest.mark.parametrize("data", [np.array([1, 2]), [1, 2], np.array([True]), 3])
+def test_requires_grad_on_integer_data_is_a_clear_error(data):
+    with pytest.raises(TypeError) as info:
+        Tensor(data, requires_grad=True)
+    dtype = str(np.asarray(data).dtype)
+    assert "requires_grad" in str(info.value) and dtype in str(info.value), (
+        f"Tensor({data!r}, requires_grad=True): the TypeError must name requires_grad and the dtype {dtype}; "
+        f"got: {info.value}")
+
+
+def test_detach_shares_data_and_leaves_the_graph():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = (x * 2).detach()
+    assert y.requires_grad is False and y.grad_fn is None and y.is_leaf, "detach() gives a leaf without requires_grad"
+    z = x * 2
+    assert np.shares_memory(z.detach().data, z.data), "detach() shares the data (no copy)"
+
+
+@pytest.mark.exercise("1.8", "where")
+def test_where_errors_name_the_problem():
+    with pytest.raises(TypeError, match="bool"):
+        where(Tensor([1.0, 0.0]), 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"\(2,\).*\(3,\)|\(3,\).*\(2,\)"):
+        where(Tensor([True, False]), Tensor([1.0, 2.0, 3.0]), 0.0)
+    got = where(Tensor([True, False]), Tensor([1.0, 2.0]), 0.0)
+    check_close(got, [1.0, 0.0], fn="where", what="where([True, False], [1, 2], 0.0)", atol=0)
+
+
+@pytest.mark.exercise("1.8", "concatenate")
+def test_concatenate_and_stack_errors_name_both_shapes():
+    a, b = Tensor(np.ones((2, 3), np.float32)), Tensor(np.ones((3, 4), np.float32))
+    for fn, args in [(concatenate, ([a, b], 1)), (stack, ([a, Tensor(np.ones((2, 4), np.float32))], 0))]:
+        with pytest.raises(ValueError) as info:
+            fn(*args)
+        msg = str(info.value)
+        assert "(2, 3)" in msg and ("(3, 4)" in msg or "(2, 4)" in msg), f"{fn.__name__}: the error must name both shapes; got {msg}"
+    with pytest.raises(ValueError, match="axis"):
+        concatenate([a, a], axis=2)
+    with pytest.raises(ValueError):
+        stack([], axis=0)
+    check_close(concatenate([a, Tensor(np.zeros((2, 1), np.float32))], axis=1), np.hstack([np.ones((2, 3)), np.zeros((2, 1))]),
+                fn="concatenate", what="(2, 3) and (2, 1) along axis 1", atol=0)
+
+
+def test_masked_fill_needs_a_boolean_mask_that_keeps_the_shape():
+    x = Tensor(np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match="boolean"):
+        x.masked_fill(np.ones((2, 3)), 1.0)
+    with pytest.raises(ValueError, match=r"\(2, 2, 3\)|\(2, 3\)"):
+        x.masked_fill(np.ones((2, 2, 3), bool), 1.0)

@@ -1,7 +1,8 @@
 """Module 02 (activations): the exported `tinytorch.core.activations` checked against NumPy.
 
-Each activation is written once more below as a float64 NumPy reference formula (and compared with
-PyTorch too when it happens to be installed). Hypothesis draws the shapes, the values (moderate ones
+Each activation is written once more as a float64 NumPy reference formula, in the course's shared
+reference table (`tests/support/ops.py`, with its torch call and tolerances), and compared with
+PyTorch too when it happens to be installed. Hypothesis draws the shapes, the values (moderate ones
 for precision, values up to magnitude 1e4 for stability), the `dim` and the memory layout of the
 input (contiguous, transposed, strided or reversed views), so an activation that only works on
 fresh contiguous rows fails here. Stability tests turn every NumPy floating-point RuntimeWarning
@@ -12,59 +13,27 @@ run one exercise with `pytest tests/modules/test_02_activations.py --exercise 2.
 """
 from __future__ import annotations
 
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import array_shapes, arrays
 
+from tests.support import (
+    EXTREME, HUGE, MODERATE, laid_out, layout, no_float_warnings, property_settings, ref_gelu, ref_log_softmax,
+    ref_softmax, to_torch,
+)
+from tests.support import BY_NAME as OP
+from tests.support import shapes as any_shapes
 from tinytorch.core.activations import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
 from tinytorch.core.tensor import Tensor
 
 pytestmark = pytest.mark.module("02")
 
 # Modest budget: the whole file runs in seconds on two cores.
-PROPERTY = settings(max_examples=40, deadline=None)
-
-MODERATE = st.floats(-20.0, 20.0, width=32)  # where float32 results can be compared tightly
-HUGE = st.floats(-1e4, 1e4, width=32)  # the whole range every activation must survive
-EDGES = st.sampled_from([-1e4, -1e3, -100.0, -89.0, -88.0, -20.0, -1e-6, 0.0, 1e-6, 20.0, 88.0, 89.0, 100.0, 1e3, 1e4])
-EXTREME = st.one_of(EDGES, HUGE)  # values past exp's float32 range on both sides
-
-
-# ---------------------------------------------------------------------------------------------
-# Reference formulas (float64 NumPy), each written once
-# ---------------------------------------------------------------------------------------------
-def ref_relu(x, dim=None):
-    return np.maximum(x, 0.0)
-
-
-def ref_sigmoid(x, dim=None):
-    with np.errstate(over="ignore"):  # 1 / (1 + inf) = 0 is the right limit in the reference
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-def ref_tanh(x, dim=None):
-    return np.tanh(x)
-
-
-def ref_gelu(x, dim=None):
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
-
-
-def ref_softmax(x, dim=-1):
-    e = np.exp(x - x.max(axis=dim, keepdims=True))
-    return e / e.sum(axis=dim, keepdims=True)
-
-
-def ref_log_softmax(x, dim=-1):
-    shifted = x - x.max(axis=dim, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=dim, keepdims=True))
+PROPERTY = property_settings(max_examples=40)
 
 
 @dataclass(frozen=True)
@@ -76,19 +45,25 @@ class Activation:
     rtol: float
     atol: float
     has_dim: bool = False
+    torch: Callable | None = None  # the torch call of the table row
 
     def __repr__(self) -> str:
         return self.function
 
 
-ACTIVATIONS = [
-    Activation("2.1", "ReLU.forward", lambda dim=-1: ReLU(), ref_relu, 0.0, 0.0),
-    Activation("2.2", "Sigmoid.forward", lambda dim=-1: Sigmoid(), ref_sigmoid, 1e-5, 1e-7),
-    Activation("2.3", "Tanh.forward", lambda dim=-1: Tanh(), ref_tanh, 1e-5, 1e-7),
-    Activation("2.4", "GELU.forward", lambda dim=-1: GELU(), ref_gelu, 1e-5, 1e-6),
-    Activation("2.5", "Softmax.forward", lambda dim=-1: Softmax(dim=dim), ref_softmax, 1e-5, 1e-6, True),
-    Activation("2.6", "LogSoftmax.forward", lambda dim=-1: LogSoftmax(dim=dim), ref_log_softmax, 1e-5, 1e-5, True),
-]
+# The rows of the shared reference table (tests/support/ops.py): reference formula, torch call,
+# tolerances and exercise are stated there once.
+_CLASSES = {"relu": ReLU, "sigmoid": Sigmoid, "Tanh": Tanh, "gelu": GELU, "softmax": Softmax, "log_softmax": LogSoftmax}
+
+
+def _activation(name: str) -> Activation:
+    row, cls = OP[name], _CLASSES[name]
+    has_dim = cls in (Softmax, LogSoftmax)
+    make = (lambda dim=-1: cls(dim=dim)) if has_dim else (lambda dim=-1: cls())
+    return Activation(row.exercise[0], row.exercise[1], make, row.ref, row.rtol, row.atol, has_dim, row.torch)
+
+
+ACTIVATIONS = [_activation(name) for name in _CLASSES]
 BY_NAME = {a.function.split(".")[0]: a for a in ACTIVATIONS}
 DIM_ACTIVATIONS = [a for a in ACTIVATIONS if a.has_dim]
 
@@ -101,45 +76,10 @@ def each(activations):
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs: shapes and memory layouts
+# Inputs: shapes (at least one dimension) and memory layouts (tests.support.laid_out)
 # ---------------------------------------------------------------------------------------------
 def shapes(min_dims=1, max_dims=4):
-    return array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=1, max_side=5)
-
-
-@st.composite
-def laid_out(draw, shape, elements=MODERATE) -> np.ndarray:
-    """A float32 array of exactly `shape`, as a view of a larger base array with a drawn layout:
-    each axis sliced with step 1 or 2, forwards or backwards, then the axes permuted."""
-    shape = tuple(shape)
-    ndim = len(shape)
-    perm = draw(st.permutations(range(ndim))) if ndim else []
-    steps = draw(st.lists(st.sampled_from([1, 2, -1, -2]), min_size=ndim, max_size=ndim))
-    pre = [0] * ndim
-    for i, p in enumerate(perm):
-        pre[p] = shape[i]
-    base = draw(arrays(np.float32, tuple(n * abs(s) for n, s in zip(pre, steps)), elements=elements))
-    view = base[tuple(slice(None, None, s) for s in steps) + (Ellipsis,)].transpose(perm)
-    assert view.shape == shape
-    return view
-
-
-def layout(x: np.ndarray) -> str:
-    kind = "contiguous" if x.flags["C_CONTIGUOUS"] else "non-contiguous"
-    return f"shape {x.shape}, strides {x.strides} ({kind})"
-
-
-@contextmanager
-def no_float_warnings(what: str):
-    """Fail (naming `what`) if NumPy reports overflow, an invalid value or a division by zero."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        with np.errstate(over="warn", invalid="warn", divide="warn", under="ignore"):
-            try:
-                yield
-            except RuntimeWarning as w:
-                pytest.fail(f"{what} raised RuntimeWarning({w}); expected no overflow, invalid value or "
-                            f"division by zero for inputs of magnitude up to 1e4 (only exponentiate numbers <= 0)")
+    return any_shapes(min_dims=min_dims, max_dims=max_dims, min_side=1, max_side=5)
 
 
 def check(act: Activation, x: np.ndarray, dim: int = -1, *, rtol=None, atol=None, strict: bool = False):
@@ -173,7 +113,7 @@ def check(act: Activation, x: np.ndarray, dim: int = -1, *, rtol=None, atol=None
 @PROPERTY
 @given(data=st.data(), shape=shapes())
 def test_matches_numpy_reference(act, data, shape):
-    x = data.draw(laid_out(shape), label="x")
+    x = data.draw(laid_out(shape, MODERATE), label="x")
     dim = data.draw(st.integers(-len(shape), len(shape) - 1), label="dim") if act.has_dim else -1
     check(act, x, dim)
 
@@ -281,7 +221,7 @@ def test_softmax_is_a_distribution_along_dim(data, shape):
 @PROPERTY
 @given(data=st.data(), shape=shapes(), shift=st.integers(-50, 50))
 def test_softmax_is_shift_invariant(data, shape, shift):
-    x = data.draw(laid_out(shape), label="x")
+    x = data.draw(laid_out(shape, MODERATE), label="x")
     a = Softmax()(Tensor(x)).data
     b = Softmax()(Tensor(x + np.float32(shift))).data
     np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"Softmax.forward(x + {shift}) must equal Softmax.forward(x)")
@@ -291,7 +231,7 @@ def test_softmax_is_shift_invariant(data, shape, shift):
 @PROPERTY
 @given(data=st.data(), shape=shapes())
 def test_log_softmax_agrees_with_softmax(data, shape):
-    x = data.draw(laid_out(shape), label="x")
+    x = data.draw(laid_out(shape, MODERATE), label="x")
     dim = data.draw(st.integers(-len(shape), len(shape) - 1), label="dim")
     lp = LogSoftmax(dim=dim)(Tensor(x)).data
     assert np.all(lp <= 1e-6), f"LogSoftmax(dim={dim}) returned positive values {lp[lp > 1e-6][:5].tolist()}; log-probabilities are <= 0"
@@ -358,15 +298,7 @@ def test_harness_catches_the_naive_formulas():
 def test_matches_torch_when_installed(act):
     torch = pytest.importorskip("torch")
     x = (np.random.default_rng(0).standard_normal((4, 3, 5)) * 5).astype(np.float32)
-    tx = torch.from_numpy(x)
-    name = act.function.split(".")[0]
-    reference = {
-        "ReLU": lambda: torch.relu(tx),
-        "Sigmoid": lambda: torch.sigmoid(tx),
-        "Tanh": lambda: torch.tanh(tx),
-        "GELU": lambda: torch.nn.functional.gelu(tx, approximate="tanh"),
-        "Softmax": lambda: torch.softmax(tx, dim=1),
-        "LogSoftmax": lambda: torch.log_softmax(tx, dim=1),
-    }[name]().numpy()
+    tx = to_torch(x)
+    reference = (act.torch(tx, dim=1) if act.has_dim else act.torch(tx)).numpy()
     got = act.make(1)(Tensor(x)).data
     np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5, err_msg=f"{act.function} differs from PyTorch")

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from tinytorch.core.layers import (
     Dropout, Linear, Module, Sequential, as_generator, fan_in_fan_out, kaiming_normal, xavier_uniform,
 )
+from tests.support import assert_close, layout
 from tinytorch.core.tensor import Tensor
 
 pytestmark = pytest.mark.module("03")
@@ -87,6 +88,22 @@ def test_named_children_ignores_non_parameters():
     got = [name for name, _ in Leaf().named_children()]
     assert got == ["w"], (f"Leaf().named_children() gave {got}; expected ['w'] (a Tensor without requires_grad, "
                           "a float, a string and a Generator are not members)")
+
+
+@pytest.mark.exercise("3.1", "Module.named_children")
+def test_named_children_counts_only_leaf_tensors_as_parameters():
+    class Cache(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = param(2)
+            self.activation = self.w * 2          # an op result (has a grad_fn): not a parameter
+            self.detached = self.activation.detach()  # a leaf without requires_grad: not a parameter
+            self.history = [self.w + 1, param(3)]
+
+    got = [name for name, _ in Cache().named_children()]
+    assert got == ["w", "history.1"], (
+        f"named_children() gave {got}; expected ['w', 'history.1']: a stored op result has a grad_fn and is not "
+        f"a leaf, so it is not a parameter (Tensor.is_leaf)")
 
 
 @pytest.mark.exercise("3.2", "Module.named_parameters")
@@ -286,8 +303,8 @@ def test_linear_forward_matches_numpy(case):
     assert isinstance(y, Tensor), f"Linear.forward returned {type(y).__name__}; expected a Tensor"
     assert y.shape == lead + (fout,), f"Linear({fin}, {fout}) on input {x.shape} gave shape {y.shape}; expected {lead + (fout,)}"
     assert y.dtype == np.float32, f"Linear.forward output dtype {y.dtype}; expected float32"
-    np.testing.assert_allclose(y.data, ref, rtol=RTOL, atol=ATOL,
-                               err_msg=f"Linear({fin}, {fout}, bias={bias}) on input {x.shape}: differs from x @ W.T + b")
+    assert_close(y, ref, op="Linear.forward", what=f"Linear({fin}, {fout}, bias={bias}) on input [{layout(x)}]",
+                 rtol=RTOL, atol=ATOL, reference="x @ W.T + b in float64 NumPy")
 
 
 @pytest.mark.exercise("3.6", "Linear.forward")

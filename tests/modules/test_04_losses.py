@@ -1,6 +1,7 @@
 """Module 04 (losses): the exported `tinytorch.core.losses` checked against float64 references.
 
-Each loss is written a second time below in plain float64 NumPy (the `ref_*` functions), and
+Each loss is written a second time in plain float64 NumPy (the `ref_*` functions of the shared
+reference table, tests/support/ops.py), and
 hypothesis draws batch sizes, class counts, logit scales, label dtypes and containers (Tensor,
 ndarray, list) and compares the two. Inputs are cast to float32 *before* the reference sees them,
 so the comparison measures the loss's own arithmetic, not the rounding of its inputs. Stability is
@@ -14,7 +15,6 @@ Each test is marked with the exercise it checks, e.g. `@pytest.mark.exercise("4.
 from __future__ import annotations
 
 import re
-import warnings
 
 import numpy as np
 import pytest
@@ -22,6 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
+from tests.support import (
+    check_close, no_warnings, params, ref_bce, ref_cross_entropy, ref_log_sum_exp, ref_mse, rows, to_torch, tt_args,
+)
 from tinytorch.core.losses import BinaryCrossEntropyLoss, CrossEntropyLoss, MSELoss, log_sum_exp
 from tinytorch.core.tensor import Tensor
 
@@ -33,39 +36,7 @@ PROPERTY = settings(max_examples=50, deadline=None)
 RTOL, ATOL = 1e-5, 1e-6
 
 
-# ---------------------------------------------------------------------------------------------
-# References: float64 NumPy, written independently of the notebook
-# ---------------------------------------------------------------------------------------------
-def ref_log_sum_exp(x, axis=-1, keepdims=False):
-    """NumPy's own stable reduction (an independent reference, not the notebook's formula)."""
-    x = np.asarray(x, dtype=np.float64)
-    return np.logaddexp.reduce(x, axis=axis, keepdims=keepdims)
-
-
-def ref_mse(pred, target):
-    d = np.asarray(pred, dtype=np.float64) - np.asarray(target, dtype=np.float64)
-    return float(np.mean(d * d))
-
-
-def ref_cross_entropy(logits, labels):
-    "Mean over rows of -log softmax(z)[y], computed from shifted logits in float64."
-    z = np.asarray(logits, dtype=np.float64)
-    y = np.asarray(labels)
-    s = z - z.max(axis=1, keepdims=True)
-    return float(np.mean(np.log(np.exp(s).sum(axis=1)) - s[np.arange(len(y)), y]))
-
-
-def ref_bce(p, t, eps=1e-7):
-    p = np.clip(np.asarray(p, dtype=np.float64), eps, 1 - eps)
-    t = np.asarray(t, dtype=np.float64)
-    return float(-np.mean(t * np.log(p) + (1 - t) * np.log1p(-p)))
-
-
-def no_warnings(fn):
-    "Call fn() with every warning (overflow, divide by zero, invalid value) turned into an error."
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        return fn()
+# The float64 references (`ref_*`) and the warning guard live in tests/support, written once.
 
 
 def check_scalar(out, name: str, dtype=np.float32):
@@ -405,13 +376,27 @@ def test_losses_agree_with_pytorch():
     z = rng.standard_normal((16, 7)) * 20
     y = rng.integers(0, 7, 16)
     ours = CrossEntropyLoss()(Tensor(z, dtype=np.float64), y).item()
-    theirs = F.cross_entropy(torch.from_numpy(z), torch.from_numpy(y)).item()
+    theirs = F.cross_entropy(to_torch(z), to_torch(y)).item()
     assert np.isclose(ours, theirs, rtol=1e-10), f"CrossEntropyLoss {ours} vs torch {theirs}"
     p, q = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
     ours = MSELoss()(Tensor(p, dtype=np.float64), Tensor(q, dtype=np.float64)).item()
-    theirs = F.mse_loss(torch.from_numpy(p), torch.from_numpy(q)).item()
+    theirs = F.mse_loss(to_torch(p), to_torch(q)).item()
     assert np.isclose(ours, theirs, rtol=1e-10), f"MSELoss {ours} vs torch {theirs}"
     pr, t = rng.uniform(0.01, 0.99, (5, 3)), rng.integers(0, 2, (5, 3)).astype(np.float64)
     ours = BinaryCrossEntropyLoss()(Tensor(pr, dtype=np.float64), Tensor(t, dtype=np.float64)).item()
-    theirs = F.binary_cross_entropy(torch.from_numpy(pr), torch.from_numpy(t)).item()
+    theirs = F.binary_cross_entropy(to_torch(pr), to_torch(t)).item()
     assert np.isclose(ours, theirs, rtol=1e-8), f"BinaryCrossEntropyLoss {ours} vs torch {theirs}"
+
+
+# =============================================================================================
+# The module-04 rows of the shared reference table, on non-contiguous inputs too
+# =============================================================================================
+@pytest.mark.parametrize("op", params(rows(module="04"), "forward"))
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_table_forward_matches_reference(op, data):
+    case = data.draw(op.inputs(), label="case")
+    got = no_warnings(lambda: op.tt(*tt_args(case), **case.kwargs))
+    expected = np.asarray(op.ref(*case.args, **case.kwargs))
+    check_close(got, expected, fn=op.exercise[1], what=op.name, inputs=case.describe(), rtol=op.rtol, atol=op.atol,
+                reference="the float64 reference")

@@ -1,0 +1,384 @@
+"""Module 06 (autograd): every gradient of the course checked against `torch.autograd`.
+
+One property test drives the whole reference table (`tests/support/ops.py`): for each
+differentiable op, hypothesis draws the inputs (shapes with broadcasting, non-contiguous views,
+values from the op's domain) and an upstream gradient; the forward value and the gradient of every
+input must equal PyTorch's within rtol 1e-4 / atol 1e-5 in float32. Then the API (accumulation,
+retain_grad, retain_graph, no_grad, Function, grad_check) and the scale properties (a 100,000-op
+chain with the default recursion limit, each rule run once, activations freed after backward).
+
+Each test is marked with the exercise it checks: `pytest tests/modules/test_06_autograd.py --exercise 6.4`.
+PyTorch is the reference: without it the comparisons skip.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support import (
+    GRAD_ATOL, GRAD_RTOL, NONZERO, assert_close, broadcast_pairs, grad_leaves, laid_out, params,
+    property_settings, rows, shapes, to_torch, torch_args, torch_kwargs, torch_or_skip, tt_args,
+)
+from tinytorch.core import autograd
+from tinytorch.core.activations import ReLU, Tanh
+from tinytorch.core.autograd import BACKWARD_RULES, Function, grad_check, no_grad, unbroadcast
+from tinytorch.core.layers import Dropout, Linear, Sequential
+from tinytorch.core.losses import CrossEntropyLoss
+from tinytorch.core.tensor import Tensor
+
+pytestmark = pytest.mark.module("06")
+
+PROPERTY = property_settings(max_examples=25)
+DIFFERENTIABLE = rows(differentiable=True)
+
+
+def upstream(shape, seed: int) -> np.ndarray:
+    "A float32 upstream gradient of `shape`: uniform in [-1, 1]."
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every differentiable op of the table: value and gradients against torch.autograd
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(DIFFERENTIABLE, "grad"))
+@PROPERTY
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_value_and_gradients_match_torch(op, data, seed):
+    torch = torch_or_skip()
+    case = data.draw(op.inputs(), label="case")
+    ins = case.describe()
+    tt = tt_args(case, requires_grad=True)
+    out = op.tt(*tt, **case.kwargs)
+    th = torch_args(case, requires_grad=True)
+    tout = op.torch(*th, **torch_kwargs(case))
+    assert_close(out, tout, op=op.name, what="forward value", inputs=ins, rtol=GRAD_RTOL,
+                 atol=max(GRAD_ATOL, op.atol), dtype=np.float32, reference="torch")
+    assert out.requires_grad, f"{op.name}: the result of an op on inputs with requires_grad=True must require grad"
+    assert type(out.grad_fn).__name__ == op.grad_fn, (
+        f"{op.name}: the result's grad_fn is {type(out.grad_fn).__name__}; expected {op.grad_fn}")
+    g = upstream(out.shape, seed)
+    out.backward(g)
+    tout.backward(to_torch(g))
+    torch_leaves = [x for a, gr in zip(th, case.grad) if gr for x in (a if isinstance(a, list) else [a])]
+    for (label, leaf), tleaf in zip(grad_leaves(case, tt), torch_leaves):
+        assert leaf.grad is not None, f"{op.name}: {label}.grad is None after backward(); expected a gradient"
+        expected = tleaf.grad if tleaf.grad is not None else torch.zeros_like(tleaf)
+        assert_close(leaf.grad, expected, op=f"{op.name} backward", what=f"gradient of {label}", inputs=ins,
+                     rtol=GRAD_RTOL, atol=GRAD_ATOL, dtype=leaf.dtype, reference="torch.autograd")
+
+
+@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.parametrize("op", params(DIFFERENTIABLE, None))
+@property_settings(max_examples=5)
+@given(data=st.data())
+def test_no_graph_without_requires_grad_or_under_no_grad(op, data):
+    case = data.draw(op.inputs(), label="case")
+    out = op.tt(*tt_args(case, requires_grad=False), **case.kwargs)
+    assert not out.requires_grad and out.grad_fn is None, (
+        f"{op.name} on inputs without requires_grad gave requires_grad={out.requires_grad}, "
+        f"grad_fn={out.grad_fn!r}; expected False and None")
+    with no_grad():
+        out = op.tt(*tt_args(case, requires_grad=True), **case.kwargs)
+    assert not out.requires_grad and out.grad_fn is None, (
+        f"{op.name} under no_grad() gave requires_grad={out.requires_grad}; expected False (no graph is recorded)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 6.1: unbroadcast
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("6.1", "unbroadcast")
+@PROPERTY
+@given(pair=broadcast_pairs(max_dims=4), seed=st.integers(0, 2**16))
+def test_unbroadcast_sums_every_copy(pair, seed):
+    torch = torch_or_skip()
+    shape, other = pair
+    out_shape = np.broadcast_shapes(shape, other)
+    grad = upstream(out_shape, seed)
+    got = unbroadcast(grad, tuple(shape))
+    t = torch.zeros(shape, requires_grad=True)
+    (t.expand(out_shape) * to_torch(grad)).sum().backward()
+    # a NumPy scalar (np.float32) is accepted for shape (): it has a shape and a dtype like a 0-d array
+    assert isinstance(got, (np.ndarray, np.generic)), f"unbroadcast returned a {type(got).__name__}; expected an ndarray"
+    assert got.dtype == grad.dtype, f"unbroadcast returned dtype {got.dtype}; expected grad's dtype {grad.dtype}"
+    assert_close(got, t.grad, op="unbroadcast", what=f"unbroadcast(grad of shape {out_shape}, {tuple(shape)})",
+                 rtol=GRAD_RTOL, atol=GRAD_ATOL, reference="torch (the gradient of expand)")
+    if tuple(shape) == out_shape:
+        assert got is grad, "unbroadcast must return grad itself (no copy) when the shapes are equal"
+
+
+@pytest.mark.exercise("6.1", "unbroadcast")
+def test_unbroadcast_example():
+    got = unbroadcast(np.ones((4, 2, 3), np.float32), (2, 1))
+    assert got.shape == (2, 1) and np.all(got == 12), f"unbroadcast(ones((4, 2, 3)), (2, 1)) gave {got}; expected 12s of shape (2, 1)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-picked cases the property test may not draw
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("6.4", "max_backward")
+def test_max_splits_the_gradient_between_ties():
+    x = Tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]], requires_grad=True)
+    x.max(axis=1).sum().backward()
+    expected = [[0, 0.5, 0.5], [0.5, 0, 0.5]]
+    assert np.allclose(x.grad.data, expected), f"max over rows with ties gave {x.grad.data.tolist()}; expected {expected} (as torch.amax)"
+
+
+@pytest.mark.exercise("6.5", "getitem_backward")
+def test_repeated_integer_indices_accumulate():
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x[np.array([0, 0, 2, 0])].sum().backward()
+    assert np.array_equal(x.grad.data, [3.0, 0.0, 1.0]), f"x[[0, 0, 2, 0]].sum() gave x.grad = {x.grad.data}; expected [3, 0, 1]"
+
+
+@pytest.mark.exercise("6.3", "matmul_backward")
+def test_vector_dot_vector_gradient():
+    a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = Tensor([4.0, 5.0, 6.0], requires_grad=True)
+    (a @ b).backward()  # a 0-d result: both gradients are the other vector
+    assert np.array_equal(a.grad.data, b.data) and np.array_equal(b.grad.data, a.data), (
+        f"d(a @ b) for 1-D a, b gave a.grad={a.grad.data}, b.grad={b.grad.data}; expected b and a")
+
+
+@pytest.mark.exercise("6.2", "pow_backward")
+def test_pow_with_a_constant_exponent_skips_the_log():
+    x = Tensor([-2.0, 0.0, 3.0], requires_grad=True)
+    (x ** 2).sum().backward()
+    assert np.array_equal(x.grad.data, [-4.0, 0.0, 6.0]), f"d(x**2)/dx at [-2, 0, 3] gave {x.grad.data}; expected [-4, 0, 6]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers and models: Linear, Dropout's mask, Sequential against torch
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("6.3", "matmul_backward")
+@PROPERTY
+@given(lead=st.lists(st.integers(1, 3), max_size=2), fin=st.integers(1, 6), fout=st.integers(1, 6),
+       bias=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_linear_gradients_match_torch(lead, fin, fout, bias, transposed, seed):
+    torch = torch_or_skip()
+    rng = np.random.default_rng(seed)
+    layer = Linear(fin, fout, bias=bias, rng=seed)
+    if bias:
+        layer.bias.data[:] = rng.uniform(-1, 1, fout)
+    x = rng.uniform(-2, 2, (fin, *lead[::-1])).astype(np.float32).T if transposed else \
+        rng.uniform(-2, 2, (*lead, fin)).astype(np.float32)
+    xt = Tensor(x, requires_grad=True)
+    y = layer(xt)
+    tx = to_torch(x, requires_grad=True)
+    tw = to_torch(layer.weight, requires_grad=True)
+    tb = to_torch(layer.bias, requires_grad=True) if bias else None
+    ty = torch.nn.functional.linear(tx, tw, tb)
+    g = upstream(y.shape, seed)
+    y.backward(g)
+    ty.backward(to_torch(g))
+    what = f"Linear({fin}, {fout}, bias={bias}) on input {x.shape}"
+    for name, ours, theirs in [("input", xt, tx), ("weight", layer.weight, tw)] + ([("bias", layer.bias, tb)] if bias else []):
+        assert_close(ours.grad, theirs.grad, op="Linear backward", what=f"{what}: gradient of the {name}",
+                     rtol=GRAD_RTOL, atol=GRAD_ATOL, reference="torch.autograd")
+
+
+@pytest.mark.exercise("6.2", "mul_backward")
+def test_dropout_gradient_is_its_forward_mask():
+    x = Tensor(np.random.default_rng(0).uniform(0.5, 2.0, (20, 30)).astype(np.float32), requires_grad=True)
+    d = Dropout(0.3, seed=1)
+    y = d(x)
+    y.sum().backward()
+    mask = (y.data != 0) / np.float32(0.7)
+    assert_close(x.grad, mask, op="Dropout backward", what="gradient of Dropout(0.3)(x).sum()",
+                 rtol=1e-6, atol=0, reference="the forward mask / (1 - p)")
+    x.grad = None
+    d.eval()
+    d(x).sum().backward()
+    assert np.all(x.grad.data == 1), "in eval mode Dropout is the identity: the gradient is all ones"
+
+
+@pytest.mark.exercise("6.8", "cross_entropy_backward")
+def test_sequential_mlp_gradients_match_torch():
+    torch = torch_or_skip()
+    rng = np.random.default_rng(3)
+    net = Sequential(Linear(8, 16, rng=0), ReLU(), Linear(16, 12, rng=1), Tanh(), Linear(12, 5, rng=2))
+    x = rng.standard_normal((10, 8)).astype(np.float32)
+    y = rng.integers(0, 5, 10)
+    loss = CrossEntropyLoss()(net(Tensor(x)), y)
+    loss.backward()
+    params_ = net.parameters()
+    tparams = [to_torch(p, requires_grad=True) for p in params_]
+    F = torch.nn.functional
+    h = F.linear(to_torch(x), tparams[0], tparams[1]).relu()
+    h = F.linear(h, tparams[2], tparams[3]).tanh()
+    tloss = F.cross_entropy(F.linear(h, tparams[4], tparams[5]), to_torch(y))
+    tloss.backward()
+    assert_close(loss, tloss, op="Sequential + CrossEntropyLoss", what="loss", rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                 reference="torch")
+    for (name, p), tp in zip(net.named_parameters(), tparams):
+        assert_close(p.grad, tp.grad, op="Sequential backward", what=f"gradient of {name}", rtol=GRAD_RTOL,
+                     atol=GRAD_ATOL, reference="torch.autograd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 6.9: the traversal and the API around it
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("6.9", "backward")
+def test_grad_is_a_tensor_of_the_leafs_shape_and_accumulates():
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (x * x).sum().backward()
+    assert isinstance(x.grad, Tensor), f"x.grad is a {type(x.grad).__name__}; expected a Tensor"
+    assert x.grad.shape == x.shape and x.grad.dtype == np.float32, f"x.grad is {x.grad!r}; expected shape (3,), float32"
+    assert np.array_equal(x.grad.data, [2.0, 4.0, 6.0]), f"d(sum x^2)/dx gave {x.grad.data}; expected [2, 4, 6]"
+    (x * 3).sum().backward()
+    assert np.array_equal(x.grad.data, [5.0, 7.0, 9.0]), (
+        f"a second backward must add to x.grad: got {x.grad.data}; expected [2, 4, 6] + [3, 3, 3]")
+    x64 = Tensor([1.0, 2.0], dtype=np.float64, requires_grad=True)
+    (x64 * 2).sum().backward()
+    assert x64.grad.dtype == np.float64, f"a float64 leaf got a {x64.grad.dtype} gradient; expected float64"
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_a_tensor_used_twice_gets_both_gradients():
+    x = Tensor([2.0], requires_grad=True)
+    y = x * 3
+    (y * y + y).sum().backward()  # d/dx (9x^2 + 3x) = 18x + 3
+    assert x.grad.data[0] == 39.0, f"x used through y twice: x.grad = {x.grad.data[0]}; expected 18 * 2 + 3 = 39"
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_grad_is_a_copy_the_leaf_owns():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    g = np.array([1.0, 1.0], np.float32)
+    (x + 0).backward(g)
+    g[0] = 100.0
+    assert x.grad.data[0] == 1.0, "x.grad must be a copy: changing the array passed to backward() changed it"
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_non_leaves_keep_no_grad_unless_retained():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    h = x * 2
+    kept = (x + 1).retain_grad()
+    (h * kept).sum().backward()
+    assert h.grad is None, f"a non-leaf keeps no .grad unless retain_grad() is called; h.grad = {h.grad!r}"
+    assert kept.grad is not None and np.array_equal(kept.grad.data, h.data), (
+        f"retain_grad(): kept.grad = {kept.grad!r}; expected {h.data}")
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_second_backward_needs_retain_graph():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    loss = (x * x).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert np.array_equal(x.grad.data, [4.0, 8.0]), f"two backward calls (the first with retain_graph) gave {x.grad.data}; expected [4, 8]"
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        loss.backward()
+
+
+def test_backward_errors():
+    x = Tensor([[1.0, 2.0]], requires_grad=True)
+    with pytest.raises(ValueError, match=r"\(1, 2\)"):
+        (x * 2).backward()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor([1.0]).sum().backward()
+    with pytest.raises(TypeError, match="int64"):
+        Tensor(np.array([1, 2]), requires_grad=True)
+
+
+def test_detach_and_no_grad_as_decorator():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    d = x.detach()
+    assert not d.requires_grad and d.grad_fn is None and np.shares_memory(d.data, x.data), (
+        "detach() shares the data and is cut from the graph")
+
+    @no_grad()
+    def step(t):
+        return t * 2
+
+    assert not step(x).requires_grad, "a function decorated with @no_grad() records no graph"
+    assert (x * 2).requires_grad, "no_grad must restore recording when the function returns"
+    with pytest.raises(KeyError):
+        with no_grad():
+            raise KeyError("x")
+    assert (x * 2).requires_grad, "no_grad must restore recording after an exception too"
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_100k_op_chain_with_the_default_recursion_limit():
+    limit = sys.getrecursionlimit()
+    x = Tensor([1.0], requires_grad=True)
+    y = x
+    for _ in range(100_000):
+        y = y * 1.00001
+    y.sum().backward()
+    assert sys.getrecursionlimit() == limit, "backward must not raise the recursion limit: it must be iterative"
+    np.testing.assert_allclose(x.grad.data, [1.00001 ** 100_000], rtol=1e-2,
+                               err_msg="d/dx of 100,000 multiplications by 1.00001")
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_each_rule_runs_once_in_a_shared_graph(monkeypatch):
+    calls = []
+    rule = BACKWARD_RULES["add"]
+    monkeypatch.setitem(BACKWARD_RULES, "add", lambda g, n: calls.append(1) or rule(g, n))
+    x = Tensor([1.0], requires_grad=True)
+    z = x
+    for _ in range(50):  # 2**50 paths from z to x: a traversal per path never ends
+        z = z + z
+    z.backward()
+    assert len(calls) == 50, f"backward ran the add rule {len(calls)} times for 50 add nodes; expected each node once"
+    assert x.grad.data[0] == 2.0 ** 50, f"x.grad = {x.grad.data[0]}; expected 2**50"
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_activations_are_freed_after_backward():
+    x = Tensor(np.ones((64, 64), np.float32), requires_grad=True)
+    h = (x * 2).exp()
+    ref = weakref.ref(h)
+    loss = (h * 3).sum()
+    del h
+    gc.collect()
+    assert ref() is not None, "before backward the graph keeps the intermediate activation alive"
+    loss.backward()
+    del loss
+    assert ref() is None, ("after backward() and `del loss` an intermediate activation is still alive: release each "
+                           "node once its rule ran (node.inputs = None, node.saved = None)")
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_function_subclass_records_and_differentiates():
+    torch = torch_or_skip()
+
+    class Cube(Function):
+        @staticmethod
+        def forward(ctx, x, scale=1.0):
+            ctx.save(x, scale)
+            return scale * x * x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, scale = ctx.saved
+            return (3 * scale * x * x * grad,)
+
+    a = np.random.default_rng(0).uniform(-2, 2, (3, 4)).astype(np.float32)
+    x = Tensor(a, requires_grad=True)
+    y = Cube.apply(x, scale=0.5)
+    assert type(y.grad_fn).__name__ == "CubeBackward", f"grad_fn of Cube.apply is {type(y.grad_fn).__name__}; expected CubeBackward"
+    assert "Cube" in BACKWARD_RULES, "defining a Function subclass must register its backward rule"
+    (y * y).sum().backward()
+    tx = to_torch(a, requires_grad=True)
+    ((0.5 * tx ** 3) ** 2).sum().backward()
+    assert_close(x.grad, tx.grad, op="Function backward", what="Cube", rtol=GRAD_RTOL, atol=GRAD_ATOL, reference="torch")
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_grad_check_passes_right_rules_and_catches_a_wrong_one(monkeypatch):
+    a, b = np.array([[0.5, -1.0], [2.0, 1.5]]), np.array([1.5, -0.5])
+    assert grad_check(lambda x, y: (x * y).tanh(), a, b) < 1e-6
+    right = BACKWARD_RULES["mul"]
+    monkeypatch.setitem(BACKWARD_RULES, "mul", lambda g, n: tuple(reversed(right(g, n))))
+    with pytest.raises(AssertionError, match="element"):
+        grad_check(lambda x, y: x * y, a, a[::-1].copy())
+    assert autograd.BACKWARD_RULES is BACKWARD_RULES

@@ -1,0 +1,87 @@
+"""The shared test support (tests/support) can fail: its comparison helper, torch bridge and table.
+
+These tests check the harness the module suites rely on, so that a module test that passes is
+evidence and not an artefact of a helper that never complains.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support import (
+    OPS, assert_close, laid_out, no_float_warnings, property_settings, rows, shapes, to_torch,
+)
+
+
+def test_assert_close_names_op_inputs_error_and_element():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3).T
+    got = np.array([1.0, 2.0, 3.5], np.float32)
+    with pytest.raises(AssertionError) as info:
+        assert_close(got, [1.0, 2.0, 3.0], op="mul", what="x * 2", inputs={"x": x}, rtol=1e-5, atol=1e-6)
+    msg = str(info.value)
+    for part in ("mul: x * 2", "1 of 3 values differ", "max abs error 0.5", "at index (2,)", "received 3.5",
+                 "expected 3.0", "shape (3, 2)", "non-contiguous"):
+        assert part in msg, f"assert_close's message lacks {part!r}: {msg}"
+    with pytest.raises(AssertionError, match=r"shape \(3,\); expected \(2,\)"):
+        assert_close(got, [1.0, 2.0], op="add")
+    with pytest.raises(AssertionError, match="dtype float32; expected float64"):
+        assert_close(got, got, op="add", dtype=np.float64)
+    assert_close(got, got.astype(np.float64) * (1 + 1e-7), op="mul")  # within tolerance: no error
+    with pytest.raises(AssertionError):
+        assert_close(np.array([np.nan], np.float32), [1.0], op="log")  # NaN only where the reference has one
+
+
+def test_to_torch_copies_negative_strides_on_size_one_axes():
+    torch = pytest.importorskip("torch")
+    base = np.arange(6, dtype=np.float32).reshape(1, 6)
+    view = base[::-1, ::-2]  # negative strides, one of them on a size-1 axis
+    t = to_torch(view, requires_grad=True)
+    assert t.requires_grad and np.array_equal(t.detach().numpy(), view)
+    t.detach().numpy()[0, 0] = -1.0
+    assert view[0, 0] != -1.0, "to_torch must copy: the torch tensor shares memory with the array"
+    with pytest.raises(ValueError):
+        torch.from_numpy(view)  # what to_torch protects the tests from
+
+
+@property_settings(max_examples=60)
+@given(data=st.data(), shape=shapes(min_dims=2, max_dims=3, min_side=2))
+def test_laid_out_draws_the_shape_and_non_contiguous_layouts(data, shape):
+    x = data.draw(laid_out(shape))
+    assert x.shape == tuple(shape) and x.dtype == np.float32
+
+
+def test_laid_out_reaches_every_kind_of_layout():
+    kinds = set()
+
+    @property_settings(max_examples=150)
+    @given(data=st.data())
+    def collect(data):
+        x = data.draw(laid_out((3, 4)))
+        kinds.add("contiguous" if x.flags["C_CONTIGUOUS"] else "transposed" if x.flags["F_CONTIGUOUS"] else
+                  "reversed" if any(s < 0 for s in x.strides) else "strided")
+
+    collect()
+    assert kinds >= {"contiguous", "transposed", "reversed", "strided"}, f"laid_out only drew {kinds}"
+
+
+def test_no_float_warnings_fails_on_overflow():
+    with pytest.raises(pytest.fail.Exception, match="overflow"):
+        with no_float_warnings("exp(1e4)"):
+            np.exp(np.float32(1e4))
+
+
+def test_the_table_is_complete_and_consistent():
+    names = {op.name for op in OPS}
+    for needed in ("add", "sub", "mul", "div", "pow", "neg", "matmul", "sum", "mean", "max", "var", "reshape",
+                   "transpose", "T", "getitem_slices", "getitem_int_array", "concatenate", "stack", "exp", "log",
+                   "sqrt", "tanh", "abs", "where", "masked_fill", "relu", "sigmoid", "gelu", "softmax",
+                   "log_softmax", "mse", "cross_entropy", "binary_cross_entropy"):
+        assert needed in names, f"the reference table has no row {needed!r}"
+    for op in rows(differentiable=True):
+        assert op.torch is not None and op.grad_fn, f"{op.name}: a differentiable row needs a torch call and a grad_fn name"
+        assert op.grad_exercise[0].startswith("6."), f"{op.name}: the gradient is written in module 06"
+    for op in OPS:
+        assert op.exercise is None or op.exercise[0].startswith(op.module.lstrip("0") + "."), (
+            f"{op.name}: exercise {op.exercise} does not belong to module {op.module}")
