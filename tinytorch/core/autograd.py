@@ -114,12 +114,18 @@ def matmul_backward(grad, node):
     - A 1-D `a` acts as a row `(1, k)` and a 1-D `b` as a column `(k, 1)` whose extra axis the
       result dropped: put that axis back into `grad` before multiplying, and drop it again after.
     - Batch axes that broadcasting stretched must be summed back (`unbroadcast`).
-    - Skip a gradient (None) when `node.inputs[i] is None`.
+    - Skip a gradient (None) when `node.inputs[i]` is None or does not require grad: the input
+      batch of `x @ W.T` needs none, and its product is the largest of the backward pass.
+    - Two 1-D operands make a dot product whose `grad` is 0-d.
     HINTS: `np.swapaxes(x, -1, -2)` transposes the last two axes of any batch;
     `np.expand_dims`; `np.matmul`.
     """
     ### BEGIN SOLUTION
     a, b = node.saved
+    need_a = node.inputs[0] is not None and node.inputs[0].requires_grad
+    need_b = node.inputs[1] is not None and node.inputs[1].requires_grad
+    if a.ndim == 1 and b.ndim == 1:  # a dot product: grad is 0-d
+        return (grad * b if need_a else None), (grad * a if need_b else None)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     g = grad
@@ -128,10 +134,17 @@ def matmul_backward(grad, node):
     if b.ndim == 1:
         g = np.expand_dims(g, -1)
     ga = gb = None
-    if node.inputs[0] is not None:
+    if need_a:
         ga = unbroadcast(np.matmul(g, np.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
-    if node.inputs[1] is not None:
-        gb = unbroadcast(np.matmul(np.swapaxes(a2, -1, -2), g), b2.shape).reshape(b.shape)
+    if need_b:
+        if b2.ndim == 2:
+            # a matrix shared by every row of a batch: one large product instead of a sum of small ones
+            af, gf = a2.reshape(-1, a2.shape[-1]), g.reshape(-1, g.shape[-1])
+            # `x @ W.T` passes W.T, a transposed view: compute its gradient in W's own layout
+            gb = np.matmul(gf.T, af).T if b2.flags.f_contiguous and not b2.flags.c_contiguous else np.matmul(af.T, gf)
+        else:
+            gb = unbroadcast(np.matmul(np.swapaxes(a2, -1, -2), g), b2.shape)
+        gb = gb.reshape(b.shape)
     return ga, gb
     ### END SOLUTION
 

@@ -333,8 +333,8 @@ class Tensor:
                 broadcast_shape(a.shape, b.shape, op)
         out = fn(a, b)
         ### END SOLUTION
-        if out.dtype is not a.dtype and out.dtype.kind == "f" and out.dtype != getattr(b, "dtype", None):
-            out = out.astype(np.float32)  # mixing kinds (int and float32) gives float32, not float64
+        if out.dtype is not a.dtype and out.dtype.kind == "f" and (type(b) is not np.ndarray or out.dtype != b.dtype):
+            out = out.astype(np.float32)  # mixing kinds (int and float32, int / int) gives float32, not float64
         return Tensor.from_op(out, op, (self, other if isinstance(other, Tensor) else None), (a, b))
 
     def _reflected(self, other, fn, op: str) -> "Tensor":
