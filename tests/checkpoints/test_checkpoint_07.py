@@ -101,11 +101,11 @@ def save_checkpoint(path, model, opt):
     arrays = {f"param_{i}": p.data for i, p in enumerate(model.parameters())}
     numbers = {}
     for i, entry in sd["state"].items():
-        for name, value in entry.items():
-            if isinstance(value, np.ndarray):
-                arrays[f"state_{i}_{name}"] = value
+        for key, item in entry.items():
+            if isinstance(item, np.ndarray):
+                arrays[f"state_{i}_{key}"] = item
             else:
-                numbers[f"{i}/{name}"] = value
+                numbers[f"{i}/{key}"] = item
     header = {"optimizer": sd["optimizer"], "hyperparameters": sd["hyperparameters"], "numbers": numbers,
               "positions": sorted(sd["state"])}
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
