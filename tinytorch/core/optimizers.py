@@ -142,18 +142,20 @@ class Optimizer:
     def state_dict(self) -> dict:
         """Everything needed to resume this optimizer, as plain data: numbers and NumPy arrays.
 
-        TODO (Exercise 7.2a): return
-        `{"optimizer": <class name>, "hyperparameters": {name: value}, "state": {position: {name: value}}}`
-        for the hyperparameters named in `self.hyperparameter_names` and every entry of `self.state`.
+        TODO (Exercise 7.2a): gather the optimizer's class name, its hyperparameters (those named
+        in `self.hyperparameter_names`) and every entry of `self.state` into one dict with the keys
+        "optimizer", "hyperparameters" and "state".
 
         CONTRACT:
+        - "state" maps each parameter position (an int) to that parameter's named state.
         - Arrays are *copies*: later steps must not change a state dict already taken.
-        - Numbers stay Python numbers; positions are ints. No Tensors, no references to `self`.
+        - Numbers stay Python numbers. No Tensors, nothing that refers back to the optimizer.
 
         EXAMPLE: an SGD with momentum after one step on two parameters gives
         `{"optimizer": "SGD", "hyperparameters": {"lr": 0.1, "momentum": 0.9, ...},
         "state": {0: {"momentum_buffer": array(...)}, 1: {...}}}`.
-        HINTS: `type(self).__name__`, `getattr`, `np.array(..., copy=True)`, dict comprehensions.
+        HINTS: a class knows its own `__name__`; `getattr` reads an attribute by name; `np.array`
+        can copy.
         """
         ### BEGIN SOLUTION
         state = {}
@@ -184,8 +186,8 @@ class Optimizer:
           unexpected ones). An array must have its parameter's shape: the message contains
           f"parameter {i}" and both shapes. A number may arrive as a NumPy scalar or 0-d array.
         - Stored arrays are new copies with the parameter's dtype; numbers become Python numbers.
-        HINTS: `set` differences, `int(...)`, `np.shape`, `np.array(value, dtype=..., copy=True)`,
-        `.item()`.
+        HINTS: `set` differences; `int`; `np.shape` and `np.ndim` work on numbers and arrays alike;
+        `np.array` with `dtype` and `copy`; a NumPy scalar's `.item()`.
         """
         ### BEGIN SOLUTION
         if not isinstance(state_dict, dict):
@@ -283,8 +285,8 @@ class SGD(Optimizer):
         - The buffer is created on a parameter's first step as a copy of the direction, with the
           parameter's dtype, and updated in place afterwards.
         - Works on arrays only, so no graph is recorded.
-        HINTS: `np.subtract(..., out=...)` or `-=` on an array; `np.array(..., dtype=..., copy=True)`;
-        `*=` and `+=` on an array work in place.
+        HINTS: `np.subtract` with its `out` argument (or `-=` on an array); `np.array` with its
+        `dtype` and `copy` arguments; `*=` and `+=` on an array work in place.
         """
         ### BEGIN SOLUTION
         for i, p, g in self.params_with_grads():
@@ -346,7 +348,7 @@ class Adam(Optimizer):
         - `self.state[i]` is `{"step": int, "exp_avg": array, "exp_avg_sq": array}`.
         - Bias corrections are Python floats (`1 - beta ** t` with a Python int `t`), so float32
           parameters stay float32.
-        HINTS: `np.zeros_like`, `np.sqrt`, `math.sqrt`, in-place `*=` and `+=`, `np.subtract(..., out=...)`.
+        HINTS: `np.zeros_like`, `np.sqrt`, `math.sqrt`, in-place `*=` and `+=`, `np.subtract` with `out`.
         """
         ### BEGIN SOLUTION
         beta1, beta2 = self.betas
@@ -387,11 +389,12 @@ class AdamW(Adam):
     def step(self) -> None:
         """Decay every parameter that has a gradient, in place, then take Adam's step.
 
-        TODO (Exercise 7.5): multiply each such `p.data` in place by `1 - lr * weight_decay`; then
-        let `Adam.step` do the rest (it skips the L2 term because `decoupled_weight_decay` is True).
+        TODO (Exercise 7.5): shrink each parameter that has a gradient, in place, by the factor in
+        the text above; then let Adam's own step do the rest (it leaves out the L2 term because
+        `decoupled_weight_decay` is True for this class).
 
         CONTRACT: same as `Adam.step`; a parameter without a gradient is neither decayed nor updated.
-        HINTS: `self.params_with_grads()`; `super()`.
+        HINTS: the base class's generator of parameters with gradients; `super()`.
         """
         ### BEGIN SOLUTION
         if self.weight_decay:
