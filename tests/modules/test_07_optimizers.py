@@ -163,11 +163,10 @@ def test_params_are_kept_in_a_list_in_order(container):
     from tinytorch.core.layers import Linear
 
     layer = Linear(3, 2, rng=0)
-    given = layer.parameters()
-    params = {"list": lambda: list(given), "tuple": lambda: tuple(given), "generator": lambda: (p for p in given),
-              "Module.parameters": layer.parameters}[container]()
+    source = {"list": lambda: list(layer.parameters()), "tuple": lambda: tuple(layer.parameters()),
+              "generator": lambda: (p for p in layer.parameters()), "Module.parameters": layer.parameters}[container]
     for cls, kw in ((SGD, dict(lr=0.1)), (Adam, {}), (AdamW, {})):
-        opt = cls(params if container != "generator" else (p for p in given), **kw)
+        opt = cls(source(), **kw)
         assert isinstance(opt.params, list), f"{cls.__name__}.params is a {type(opt.params).__name__}; expected a list"
         assert len(opt.params) == 2 and opt.params[0] is layer.weight and opt.params[1] is layer.bias, (
             f"{cls.__name__} from a {container} must keep [weight, bias] themselves, in order")
