@@ -323,6 +323,9 @@ BAD_STATE = [
     pytest.param(lambda sd: with_state(sd, 1, exp_avg_sq=np.zeros(5)), ["parameter 1", "(5,)", "(4,)"], id="wrong-length"),
     pytest.param(lambda sd: with_state(sd, 0, momentum_buffer=np.zeros((3, 4))), ["momentum_buffer"], id="unknown-state"),
     pytest.param(lambda sd: {**sd, "state": {**sd["state"], 7: sd["state"][0]}}, ["7", "3"], id="position-out-of-range"),
+    pytest.param(lambda sd: {**sd, "state": {"weight": sd["state"][0]}}, ["'weight'", "positions"], id="named-key"),
+    pytest.param(lambda sd: {**sd, "state": [sd["state"][0]]}, ["state", "dict"], id="state-not-a-dict"),
+    pytest.param(lambda sd: {**sd, "state": {0: None}}, ["parameter 0", "dict"], id="entry-not-a-dict"),
 ]
 
 

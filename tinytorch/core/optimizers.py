@@ -180,8 +180,10 @@ class Optimizer:
         - A different optimizer's name: the message names both classes.
         - The hyperparameter names must equal `self.hyperparameter_names` (name missing and
           unexpected ones); their values go through `self.check_hyperparameters`.
-        - Positions (ints, or strings of digits as a JSON file gives them back) must lie in
-          `range(len(self.params))`: the message names the position and the number of parameters.
+        - "hyperparameters", "state" and each entry of "state" must be dicts.
+        - Positions (ints, or strings of digits as a JSON file gives them back; anything else is
+          refused) must lie in `range(len(self.params))`: the message names the position and the
+          number of parameters.
         - Each entry's names must be exactly `state_arrays + state_numbers` (name missing and
           unexpected ones). An array must have its parameter's shape: the message contains
           f"parameter {i}" and both shapes. A number may arrive as a NumPy scalar or 0-d array.
@@ -199,6 +201,8 @@ class Optimizer:
         if state_dict["optimizer"] != mine:
             raise ValueError(f"load_state_dict: this state was saved by {state_dict['optimizer']}; "
                              f"it cannot be loaded into {mine}")
+        if not isinstance(state_dict["hyperparameters"], dict) or not isinstance(state_dict["state"], dict):
+            raise ValueError("load_state_dict: 'hyperparameters' and 'state' must be dicts, as state_dict() makes them")
         hyper = dict(state_dict["hyperparameters"])
         lacking = sorted(set(self.hyperparameter_names) - set(hyper))
         extra = sorted(set(hyper) - set(self.hyperparameter_names))
@@ -208,7 +212,12 @@ class Optimizer:
         names = set(self.state_arrays) | set(self.state_numbers)
         new_state = {}
         for key, entry in state_dict["state"].items():
-            i = int(key)
+            try:
+                i = int(key)
+            except (TypeError, ValueError):
+                raise ValueError(f"load_state_dict: state keys are parameter positions (ints); got {key!r}") from None
+            if not isinstance(entry, dict):
+                raise ValueError(f"load_state_dict: the state of parameter {i} must be a dict; got {type(entry).__name__}")
             if not 0 <= i < len(self.params):
                 raise ValueError(f"load_state_dict: state for parameter {key}, but this optimizer has "
                                  f"{len(self.params)} parameters")
