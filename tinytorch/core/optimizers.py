@@ -211,23 +211,23 @@ class Optimizer:
         hyper = self.check_hyperparameters(hyper)
         names = set(self.state_arrays) | set(self.state_numbers)
         new_state = {}
-        for key, entry in state_dict["state"].items():
+        for key, saved in state_dict["state"].items():
             try:
                 i = int(key)
             except (TypeError, ValueError):
                 raise ValueError(f"load_state_dict: state keys are parameter positions (ints); got {key!r}") from None
-            if not isinstance(entry, dict):
-                raise ValueError(f"load_state_dict: the state of parameter {i} must be a dict; got {type(entry).__name__}")
+            if not isinstance(saved, dict):
+                raise ValueError(f"load_state_dict: the state of parameter {i} must be a dict; got {type(saved).__name__}")
             if not 0 <= i < len(self.params):
                 raise ValueError(f"load_state_dict: state for parameter {key}, but this optimizer has "
                                  f"{len(self.params)} parameters")
             p = self.params[i]
-            lacking = sorted(names - set(entry))
-            extra = sorted(set(entry) - names)
+            lacking = sorted(names - set(saved))
+            extra = sorted(set(saved) - names)
             if lacking or extra:
                 raise ValueError(f"load_state_dict: state of parameter {i} is missing {lacking}, unexpected {extra}")
             restored = {}
-            for name, value in entry.items():
+            for name, value in saved.items():
                 if name in self.state_arrays:
                     if np.shape(value) != p.shape:
                         raise ValueError(f"load_state_dict: '{name}' of parameter {i} has shape {np.shape(value)}, "
