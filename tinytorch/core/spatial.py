@@ -224,12 +224,13 @@ class Conv2dFunction(Function):
         TODO (Exercise 9.3b): rearrange `grad` into im2col's row order, then two matmuls and col2im.
 
         CONTRACT:
-        - `ctx.saved` is `(cols, weight, x_shape, has_bias, stride, padding)` (see forward).
-        - `grad_bias` is None when the convolution has no bias.
+        - `ctx.saved` holds what `forward` (just above) saved, in that order.
+        - The bias gradient is None when the convolution has no bias.
         - No Python loop over the batch, channels or positions.
 
-        HINTS: `transpose` then `reshape(-1, O)` gives rows in (n, oh, ow) order; `.T`, `@`,
-        `reshape` to the weight's shape; `ndarray.sum` over the axes `(0, 2, 3)`; `col2im`.
+        HINTS: move the channel axis of the upstream gradient last, then make it 2-D: its rows are
+        then in im2col's (n, oh, ow) order. The two matmuls are in the markdown above; the bias
+        gradient is a sum over every axis but the channels; `col2im` does the rest.
         """
         ### BEGIN SOLUTION
         cols, weight, x_shape, has_bias, stride, padding = ctx.saved
@@ -256,14 +257,14 @@ class Conv2d(Module):
         TODO (Exercise 9.4a):
 
         CONTRACT:
-        - `in_channels`, `out_channels`: positive ints, else ValueError("Conv2d: in_channels must be a
-          positive integer; got 0"). `kernel_size`, `stride` (>= 1) and `padding` (>= 0): ints or
-          pairs, stored as pairs in `self.kernel_size`, `self.stride`, `self.padding`.
-        - `self.weight`: a float32 Tensor with `requires_grad=True`, drawn by `kaiming_normal`;
-          `self.bias`: zeros with `requires_grad=True`, or None.
-        - Keep `self.in_channels` and `self.out_channels`.
+        - The channel counts must be positive ints, else ValueError("Conv2d: in_channels must be a
+          positive integer; got 0"). Kernel size and stride (>= 1) and padding (>= 0) are ints or
+          pairs; store all five arguments as attributes of the same names, the last three as pairs.
+        - Parameters `weight` (Kaiming normal, float32) and `bias` (zeros, or None), as in the
+          class docstring, both trainable.
 
-        HINTS: `super().__init__()` first; `pair` with `who="Conv2d"`; `kaiming_normal(shape, rng)`.
+        HINTS: call the base class's `__init__` first; `pair` (its `who` argument names the layer in
+        errors); `kaiming_normal`.
         """
         ### BEGIN SOLUTION
         super().__init__()
