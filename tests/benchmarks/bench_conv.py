@@ -58,11 +58,11 @@ def numpy_conv_pool_step(x, w, b, g):
     n, c, h, wd = x.shape
     o = w.shape[0]
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    cols = sliding_window_view(xp, (3, 3), axis=(2, 3)).transpose(0, 2, 3, 1, 4, 5).reshape(n * h * wd, c * 9)
+    cols = sliding_window_view(xp, (3, 3), axis=(2, 3)).transpose(1, 4, 5, 0, 2, 3).reshape(c * 9, n * h * wd)
     w2 = w.reshape(o, -1)
-    out = cols @ w2.T
-    out += b
-    y = np.ascontiguousarray(out.reshape(n, h, wd, o).transpose(0, 3, 1, 2))
+    out = w2 @ cols
+    out += b[:, None]
+    y = np.ascontiguousarray(out.reshape(o, n, h, wd).transpose(1, 0, 2, 3))
     # 2x2 max-pool, first maximum wins
     best = y[:, :, 0::2, 0::2].copy()
     arg = np.zeros(best.shape, np.uint8)
@@ -74,14 +74,14 @@ def numpy_conv_pool_step(x, w, b, g):
     gy = np.zeros(y.shape, np.float32)
     for k, (i, j) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         gy[:, :, i::2, j::2] = g * (arg == k)
-    g2 = gy.transpose(0, 2, 3, 1).reshape(-1, o)
-    grad_w = (g2.T @ cols).reshape(w.shape)
+    g2 = gy.transpose(1, 0, 2, 3).reshape(o, -1)
+    grad_w = (g2 @ cols.T).reshape(w.shape)
     grad_b = gy.sum(axis=(0, 2, 3))
-    gcols = (g2 @ w2).reshape(n, h, wd, c, 3, 3)
+    gcols = (w2.T @ g2).reshape(c, 3, 3, n, h, wd)
     gxp = np.zeros(xp.shape, np.float32)
     for i in range(3):
         for j in range(3):
-            gxp[:, :, i:i + h, j:j + wd] += gcols[..., i, j].transpose(0, 3, 1, 2)
+            gxp[:, :, i:i + h, j:j + wd] += gcols[:, i, j].transpose(1, 0, 2, 3)
     return gxp[:, :, 1:-1, 1:-1], grad_w, grad_b
 
 

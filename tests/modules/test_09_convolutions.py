@@ -144,14 +144,24 @@ def test_conv2d_loop_errors_name_both_shapes():
 # Exercise 9.2: im2col, conv2d_forward
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.exercise("9.2", "im2col")
-def test_im2col_rows_are_windows_in_row_major_order():
-    x = np.arange(2 * 2 * 3 * 3, dtype=np.float32).reshape(2, 2, 3, 3)
-    cols, out_hw = im2col(x, 2)
-    assert out_hw == (2, 2) and cols.shape == (2 * 2 * 2, 2 * 2 * 2), f"im2col gave {cols.shape}, {out_hw}"
-    # row (n=1, oh=0, ow=1): channel 0 window then channel 1 window
-    expected = np.concatenate([x[1, 0, 0:2, 1:3].ravel(), x[1, 1, 0:2, 1:3].ravel()])
-    assert np.array_equal(cols[1 * 4 + 0 * 2 + 1], expected), \
-        f"row (n=1, oh=0, ow=1) of im2col is {cols[5].tolist()}; expected {expected.tolist()} (columns ordered c, p, q)"
+@PROPERTY
+@given(conv_cases())
+def test_im2col_columns_are_the_windows(case):
+    x_shape, w_shape, stride, padding, layout, seed = case
+    x = laid_out(x_shape, layout, seed)
+    (kh, kw), (sh, sw), (ph, pw) = w_shape[2:], stride, padding
+    cols, (oh, ow) = im2col(x, (kh, kw), stride, padding)
+    n, c = x_shape[:2]
+    assert cols.shape == (c * kh * kw, n * oh * ow), \
+        f"im2col of {x_shape}, kernel {(kh, kw)}: cols {cols.shape}; expected (C * kh * kw, N * OH * OW) = {(c * kh * kw, n * oh * ow)}"
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    rng = np.random.default_rng(seed)
+    for _ in range(3):   # spot-check windows: column (b, i, j) is window (b, i, j) flattened as (c, p, q)
+        b, i, j = rng.integers(n), rng.integers(oh), rng.integers(ow)
+        expected = xp[b, :, i * sh:i * sh + kh, j * sw:j * sw + kw].ravel()
+        got = cols[:, (b * oh + i) * ow + j]
+        assert np.array_equal(got, expected), \
+            f"column for window (n={b}, oh={i}, ow={j}) is {got.tolist()}; expected {expected.tolist()} ({describe(x)})"
 
 
 @pytest.mark.exercise("9.2", "conv2d_forward")
@@ -169,8 +179,8 @@ def test_conv2d_forward_matches_torch(case, with_bias):
                                           None if b is None else to_torch(torch, b, False), stride=stride, padding=padding)
     check_close(got, expected, f"conv2d_forward vs torch conv2d, weight {w_shape}, stride {stride}, padding {padding}, {describe(x)}")
     assert got.dtype == np.float32 and got.flags["C_CONTIGUOUS"], f"result must be C-contiguous float32; got {got.dtype}"
-    assert cols.shape == (x_shape[0] * got.shape[2] * got.shape[3], w_shape[1] * w_shape[2] * w_shape[3]), \
-        f"cols has shape {cols.shape}: expected (N * OH * OW, C * kh * kw)"
+    assert cols.shape == (w_shape[1] * w_shape[2] * w_shape[3], x_shape[0] * got.shape[2] * got.shape[3]), \
+        f"cols has shape {cols.shape}: expected (C * kh * kw, N * OH * OW)"
 
 
 @pytest.mark.exercise("9.2", "conv2d_forward")

@@ -117,22 +117,22 @@ def conv2d_loop(x: np.ndarray, weight: np.ndarray, bias=None, stride=1, padding=
 
 # %% ../../modules/09_convolutions/09_convolutions.ipynb #spatial-im2col
 def im2col(x: np.ndarray, kernel_size, stride=1, padding=0) -> tuple:
-    """Every window of `x (N, C, H, W)` as one row: returns `(cols, (OH, OW))`.
+    """Every window of `x (N, C, H, W)` as one column: returns `(cols, (OH, OW))`.
 
     TODO (Exercise 9.2a): pad, take the sliding-window view, keep every stride-th window, reorder
     the axes, reshape.
 
     CONTRACT:
-    - `cols` has shape `(N * OH * OW, C * kh * kw)`, dtype of `x`. Rows are ordered by
-      (n, oh, ow) and columns by (c, p, q), so that column order matches `weight.reshape(O, -1)`.
+    - `cols` has shape `(C * kh * kw, N * OH * OW)`, dtype of `x`. Columns (windows) are ordered
+      by (n, oh, ow) and rows by (c, p, q), so that row order matches `weight.reshape(O, -1)`.
     - `kernel_size`, `stride`, `padding` are ints or pairs; a kernel larger than the padded input
       raises the ValueError of `conv_output_size`.
 
-    EXAMPLE: `im2col(arange(9).reshape(1, 1, 3, 3), 2)` gives 4 rows: `[0, 1, 3, 4]`, `[1, 2, 4, 5]`,
-    `[3, 4, 6, 7]`, `[4, 5, 7, 8]`.
+    EXAMPLE: `im2col(arange(9).reshape(1, 1, 3, 3), 2)` gives 4 columns, the windows
+    `[0, 1, 3, 4]`, `[1, 2, 4, 5]`, `[3, 4, 6, 7]`, `[4, 5, 7, 8]`.
 
     HINTS: `sliding_window_view` with `axis=(2, 3)`; slicing with a step; `transpose` to the order
-    (n, oh, ow, c, p, q), then `reshape` (that reshape makes the one copy).
+    (c, p, q, n, oh, ow), then `reshape` (that reshape makes the one copy).
     """
     ### BEGIN SOLUTION
     (kh, kw), (sh, sw) = pair(kernel_size, "kernel_size"), pair(stride, "stride")
@@ -141,7 +141,7 @@ def im2col(x: np.ndarray, kernel_size, stride=1, padding=0) -> tuple:
     conv_output_size(x.shape[3], kw, sw, pw)
     windows = sliding_window_view(pad2d(x, (ph, pw)), (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
     n_batch, channels, oh, ow = windows.shape[:4]
-    cols = windows.transpose(0, 2, 3, 1, 4, 5).reshape(n_batch * oh * ow, channels * kh * kw)
+    cols = windows.transpose(1, 4, 5, 0, 2, 3).reshape(channels * kh * kw, n_batch * oh * ow)
     return cols, (oh, ow)
     ### END SOLUTION
 
@@ -154,29 +154,29 @@ def conv2d_forward(x: np.ndarray, weight: np.ndarray, bias=None, stride=1, paddi
     CONTRACT:
     - Same arguments, errors and result as `conv2d_loop`, in one matrix product.
     - `cols` is returned too: the backward pass needs it for the weight gradient.
-    - The result is C-contiguous NCHW (the matmul's rows are in (n, oh, ow) order: the channel
-      axis has to move, and a contiguous result keeps the next layer fast).
+    - The result is C-contiguous NCHW (the matmul gives `(O, N, OH, OW)` once reshaped: the batch
+      and channel axes have to swap, and a contiguous result keeps the next layer fast).
 
-    HINTS: `check_conv_inputs`; `weight.reshape(O, -1)`; add the bias while the result is still
-    2-D (it broadcasts along the last axis); `reshape`, `transpose`, `np.ascontiguousarray`.
+    HINTS: `check_conv_inputs`; flatten the weight to 2-D; add the bias while the result is still
+    2-D (as a column: one value per row); `reshape`, `transpose`, `np.ascontiguousarray`.
     """
     ### BEGIN SOLUTION
     check_conv_inputs(x, weight, bias)
     n_out = weight.shape[0]
     cols, (oh, ow) = im2col(x, weight.shape[2:], stride, padding)
-    out = cols @ weight.reshape(n_out, -1).T
+    out = weight.reshape(n_out, -1) @ cols
     if bias is not None:
-        out += bias
-    out = np.ascontiguousarray(out.reshape(x.shape[0], oh, ow, n_out).transpose(0, 3, 1, 2))
+        out += bias[:, None]
+    out = np.ascontiguousarray(out.reshape(n_out, x.shape[0], oh, ow).transpose(1, 0, 2, 3))
     return out, cols
     ### END SOLUTION
 
 # %% ../../modules/09_convolutions/09_convolutions.ipynb #spatial-conv-backward
 def col2im(grad_cols: np.ndarray, x_shape: tuple, kernel_size, stride=1, padding=0) -> np.ndarray:
-    """Adjoint of `im2col`: add each row's gradient back onto the input positions its window covered.
+    """Adjoint of `im2col`: add each column's gradient back onto the input positions its window covered.
 
-    TODO (Exercise 9.3a): unfold the rows into windows, accumulate one kernel offset at a time into
-    a zero padded gradient, then drop the padding.
+    TODO (Exercise 9.3a): unfold the columns into windows, accumulate one kernel offset at a time
+    into a zero padded gradient, then drop the padding.
 
     CONTRACT:
     - `grad_cols` has the shape `im2col` gives for an input of `x_shape = (N, C, H, W)` with the
@@ -187,19 +187,19 @@ def col2im(grad_cols: np.ndarray, x_shape: tuple, kernel_size, stride=1, padding
     EXAMPLE: `col2im(np.ones((4, 4)), (1, 1, 3, 3), 2)` counts how many 2x2 windows cover each
     pixel: `[[1, 2, 1], [2, 4, 2], [1, 2, 1]]`.
 
-    HINTS: `reshape` the rows to `(N, OH, OW, C, kh, kw)`; `np.zeros` of the padded shape; for each
-    `(k, i, j, rows, cols)` of `kernel_offsets`, the `[..., i, j]` block moved to NCHW order is
-    added with `+=` into `[:, :, rows, cols]`.
+    HINTS: `reshape` to the six axes im2col flattened, `(C, kh, kw, N, OH, OW)`; `np.zeros` of the
+    padded shape; for each `(k, i, j, rows, cols)` of `kernel_offsets`, the block of offset
+    `(i, j)`, moved to NCHW order, is added with `+=` into `[:, :, rows, cols]`.
     """
     ### BEGIN SOLUTION
     n_batch, channels, height, width = x_shape
     (kh, kw), (sh, sw) = pair(kernel_size, "kernel_size"), pair(stride, "stride")
     ph, pw = pair(padding, "padding", minimum=0)
     oh, ow = conv_output_size(height, kh, sh, ph), conv_output_size(width, kw, sw, pw)
-    windows = grad_cols.reshape(n_batch, oh, ow, channels, kh, kw)
+    windows = grad_cols.reshape(channels, kh, kw, n_batch, oh, ow)
     grad = np.zeros((n_batch, channels, height + 2 * ph, width + 2 * pw), dtype=grad_cols.dtype)
     for _, i, j, rows, cols in kernel_offsets((kh, kw), (sh, sw), (oh, ow)):
-        grad[:, :, rows, cols] += windows[:, :, :, :, i, j].transpose(0, 3, 1, 2)
+        grad[:, :, rows, cols] += windows[:, i, j].transpose(1, 0, 2, 3)
     return grad[:, :, ph:ph + height, pw:pw + width]
     ### END SOLUTION
 
@@ -221,24 +221,24 @@ class Conv2dFunction(Function):
     def backward(ctx, grad):
         """`grad (N, O, OH, OW)` -> `(grad_x, grad_weight, grad_bias)`, each of its input's shape.
 
-        TODO (Exercise 9.3b): rearrange `grad` into im2col's row order, then two matmuls and col2im.
+        TODO (Exercise 9.3b): rearrange `grad` into im2col's column order, then two matmuls and col2im.
 
         CONTRACT:
         - `ctx.saved` holds what `forward` (just above) saved, in that order.
         - The bias gradient is None when the convolution has no bias.
         - No Python loop over the batch, channels or positions.
 
-        HINTS: move the channel axis of the upstream gradient last, then make it 2-D: its rows are
-        then in im2col's (n, oh, ow) order. The two matmuls are in the markdown above; the bias
-        gradient is a sum over every axis but the channels; `col2im` does the rest.
+        HINTS: swap the batch and channel axes of the upstream gradient, then make it 2-D: its
+        columns are then in im2col's (n, oh, ow) order. The two matmuls are in the markdown above;
+        the bias gradient is a sum over every axis but the channels; `col2im` does the rest.
         """
         ### BEGIN SOLUTION
         cols, weight, x_shape, has_bias, stride, padding = ctx.saved
         n_out = weight.shape[0]
-        g = grad.transpose(0, 2, 3, 1).reshape(-1, n_out)
-        grad_weight = (g.T @ cols).reshape(weight.shape)
+        g = grad.transpose(1, 0, 2, 3).reshape(n_out, -1)
+        grad_weight = (g @ cols.T).reshape(weight.shape)
         grad_bias = grad.sum(axis=(0, 2, 3)) if has_bias else None
-        grad_x = col2im(g @ weight.reshape(n_out, -1), x_shape, weight.shape[2:], stride, padding)
+        grad_x = col2im(weight.reshape(n_out, -1).T @ g, x_shape, weight.shape[2:], stride, padding)
         return grad_x, grad_weight, grad_bias
         ### END SOLUTION
 
