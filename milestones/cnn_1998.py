@@ -1,0 +1,219 @@
+"""1998: LeCun's convolutional network, rebuilt with your own tinytorch.
+
+In 1989 Yann LeCun and colleagues at Bell Labs trained a network with backpropagation to read
+handwritten ZIP codes, and instead of connecting every pixel to every hidden unit they made the
+units share small filters slid across the image. In 1998 LeCun, Bottou, Bengio and Haffner
+published LeNet-5 ("Gradient-based learning applied to document recognition"), whose
+convolution, subsampling and fully connected layers read a large share of the cheques written in
+the United States. The argument was the one this script measures: a network that builds in
+locality and weight sharing needs fewer parameters than a fully connected one and generalises
+better from the same images.
+
+This script trains, on the same bundled digits split, with the same optimizer and epochs, a
+fully connected network of the 1986 kind (Flatten, Linear 64 -> 64, ReLU, Linear 64 -> 10) and a
+small CNN (two Conv2d + BatchNorm2d + ReLU + MaxPool2d stages, then Linear), and compares their
+test accuracy and parameter counts. Modules used: Tensor (01), ReLU (02), Linear and Sequential
+(03), cross-entropy (04), the DataLoader and digits (05), autograd (06) and the convolutional layers
+(09); the SGD-with-momentum step is written inline in a few lines. With `--cifar10 DIR` (the
+python batches of CIFAR-10, unpacked) the same two models train on CIFAR-10 through the module 05
+loader instead; the 60 s limit then does not apply.
+
+    tito milestone run cnn [--epochs 12] [--lr 0.02] [--batch-size 32] [--seed 0] [--out PATH]
+                           [--cifar10 DIR [--limit N]]
+"""
+NAME = "cnn"
+YEAR = 1998
+TITLE = "A small CNN beats the MLP on the digits with fewer parameters"
+NEEDS = ["01", "02", "03", "04", "05", "06", "09"]
+TARGET = "higher test accuracy than the MLP on the same digits split, with fewer parameters, in under 60 s"
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run directly (python milestones/...): use this edition's packages
+    sys.path.insert(0, str(ROOT))
+
+# The matrices here are small: one BLAS thread is faster than several, and on a busy machine
+# several can be many times slower (each call waits until every thread is scheduled). Set
+# OPENBLAS_NUM_THREADS (or OMP_/MKL_NUM_THREADS) before running to choose otherwise.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+TARGET_SECONDS = 60.0  # the numbers in TARGET
+DEFAULT_OUT = ROOT / "milestones" / "outputs" / "cnn_1998.png"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=f"{YEAR} {NAME}: {TITLE}. Target: {TARGET}.")
+    p.add_argument("--epochs", type=int, default=12, help="passes over the training set, per model (default %(default)s)")
+    p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate, momentum 0.9 (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and shuffling (default %(default)s)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the plot (default %(default)s)")
+    p.add_argument("--cifar10", type=Path, default=None, metavar="DIR",
+                   help="train on CIFAR-10 from DIR (holding cifar-10-batches-py/) instead of the digits")
+    p.add_argument("--limit", type=int, default=None, help="with --cifar10: use only the first N training images")
+    args = p.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
+        p.error("--epochs and --batch-size must be at least 1 and --lr positive")
+    if args.limit is not None and (args.cifar10 is None or args.limit < 1):
+        p.error("--limit N (N >= 1) only applies with --cifar10")
+    return args
+
+
+def build_models(channels, side, seed):
+    """(mlp, cnn) for images of `channels` x `side` x `side` and 10 classes."""
+    from tinytorch.core.activations import ReLU
+    from tinytorch.core.layers import Linear, Sequential
+    from tinytorch.core.spatial import BatchNorm2d, Conv2d, Flatten, MaxPool2d
+
+    mlp = Sequential(Flatten(), Linear(channels * side * side, 64, rng=seed), ReLU(), Linear(64, 10, rng=seed + 1))
+    cnn = Sequential(
+        Conv2d(channels, 16, 3, padding=1, rng=seed + 2), BatchNorm2d(16), ReLU(), MaxPool2d(2),
+        Conv2d(16, 16, 3, padding=1, rng=seed + 3), BatchNorm2d(16), ReLU(), MaxPool2d(2),
+        Flatten(), Linear(16 * (side // 4) ** 2, 10, rng=seed + 4),
+    )
+    return mlp, cnn
+
+
+def train(name, model, train_set, test_set, args, log):
+    """SGD with momentum 0.9; returns per-epoch (mean training loss, test accuracy) and seconds."""
+    import numpy as np
+
+    from tinytorch.core.autograd import no_grad
+    from tinytorch.core.losses import CrossEntropyLoss
+    from tinytorch.data.loader import DataLoader
+
+    @no_grad()
+    def accuracy():
+        model.eval()
+        correct = 0
+        for x, y in DataLoader(test_set, batch_size=500):
+            correct += int((model(x).data.argmax(axis=1) == y.data).sum())
+        model.train()
+        return correct / len(test_set)
+
+    loss_fn = CrossEntropyLoss()
+    params = model.parameters()
+    velocity = [np.zeros_like(p.data) for p in params]
+    history, start = [], time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        losses = []
+        for x, y in DataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed * 1000 + epoch):
+            loss = loss_fn(model(x), y)
+            model.zero_grad()
+            loss.backward()
+            with no_grad():
+                for v, p in zip(velocity, params):  # v = 0.9 v + grad; p -= lr v
+                    v *= 0.9
+                    v += p.grad.data
+                    p.data -= args.lr * v
+            losses.append(loss.item())
+        history.append((float(np.mean(losses)), accuracy()))
+        log(f"{name:>4} epoch {epoch:3d}/{args.epochs}  loss {history[-1][0]:.4f}  test accuracy {history[-1][1]:6.2%}  "
+            f"({time.perf_counter() - start:5.1f} s)")
+    return history, time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    from tito.milestones import require
+
+    require(*NEEDS)  # exits with a message naming what to finish if a module is a stub
+
+    from tinytorch.data.loader import TensorDataset, load_cifar10, load_digits
+
+    if args.cifar10 is None:
+        data = "the bundled 8x8 digits"
+        train_set, test_set = load_digits("train", flatten=False), load_digits("test", flatten=False)
+    else:
+        data = f"CIFAR-10 from {args.cifar10}"
+        try:
+            train_set, test_set = load_cifar10(args.cifar10, "train"), load_cifar10(args.cifar10, "test")
+        except (OSError, ValueError) as e:  # missing or damaged files: the loader's message says what to do
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.limit is not None:
+            x, y = train_set.tensors
+            train_set = TensorDataset(x.data[:args.limit], y.data[:args.limit])
+    channels, side = train_set.tensors[0].shape[1], train_set.tensors[0].shape[2]
+    mlp, cnn = build_models(channels, side, args.seed)
+
+    print(f"{YEAR} {NAME}: {TITLE}")
+    print(f"data: {data}: {len(train_set)} training and {len(test_set)} test images of {channels}x{side}x{side}; "
+          f"SGD lr {args.lr}, momentum 0.9, batch {args.batch_size}, {args.epochs} epoch(s) per model")
+    print(f"target: {TARGET}" + ("" if args.cifar10 is None else " (the 60 s limit applies to the digits only)"))
+    print(f"MLP: {mlp.num_parameters():,} parameters; CNN: {cnn.num_parameters():,} parameters")
+    start = time.perf_counter()
+    mlp_hist, mlp_s = train("MLP", mlp, train_set, test_set, args, lambda s: print(s, flush=True))
+    cnn_hist, cnn_s = train("CNN", cnn, train_set, test_set, args, lambda s: print(s, flush=True))
+    seconds = time.perf_counter() - start
+
+    mlp_acc, cnn_acc = mlp_hist[-1][1], cnn_hist[-1][1]
+    fewer = cnn.num_parameters() < mlp.num_parameters()
+    in_time = seconds < TARGET_SECONDS or args.cifar10 is not None
+    met = cnn_acc > mlp_acc and fewer and in_time
+    print(f"MLP: test accuracy {mlp_acc:.2%} with {mlp.num_parameters():,} parameters ({mlp_s:.1f} s)")
+    print(f"CNN: test accuracy {cnn_acc:.2%} with {cnn.num_parameters():,} parameters ({cnn_s:.1f} s)")
+    print(f"both trained in {seconds:.1f} s; target: {TARGET}: {'MET' if met else 'NOT MET'}"
+          + ("" if met else f" (CNN better: {cnn_acc > mlp_acc}, fewer parameters: {fewer}, in time: {in_time})"))
+    out = save_plot(args.out, mlp_hist, cnn_hist, cnn, mlp.num_parameters(), cnn.num_parameters(), data)
+    print(f"saved plot to {out}")
+    return 0 if met else 1
+
+
+def save_plot(out, mlp_hist, cnn_hist, cnn, mlp_params, cnn_params, data):
+    """Left: training loss and test accuracy per epoch of both models. Right: the CNN's first-layer filters."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig = plt.figure(figsize=(12, 4.4))
+    grid = fig.add_gridspec(2, 6, width_ratios=[3, 3, 1, 1, 1, 1])
+    ax_loss, ax_acc = fig.add_subplot(grid[:, 0]), fig.add_subplot(grid[:, 1])
+    for hist, label in ((mlp_hist, f"MLP ({mlp_params:,} params)"), (cnn_hist, f"CNN ({cnn_params:,} params)")):
+        epochs = np.arange(1, len(hist) + 1)
+        ax_loss.plot(epochs, [h[0] for h in hist], marker="o", markersize=3, label=label)
+        ax_acc.plot(epochs, [h[1] for h in hist], marker="o", markersize=3, label=label)
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("mean training loss")
+    ax_loss.set_yscale("log")
+    ax_loss.legend(fontsize=8)
+    ax_acc.set_xlabel("epoch")
+    ax_acc.set_ylabel("test accuracy")
+    ax_acc.legend(fontsize=8)
+    ax_acc.set_title(f"final: MLP {mlp_hist[-1][1]:.1%}, CNN {cnn_hist[-1][1]:.1%}", fontsize=10)
+    filters = cnn.layers[0].weight.data  # (16, C, 3, 3)
+    for k in range(8):
+        ax = fig.add_subplot(grid[k // 4, 2 + k % 4])
+        f = filters[k].mean(axis=0) if filters.shape[1] > 1 else filters[k, 0]
+        lim = float(np.abs(f).max()) or 1.0
+        ax.imshow(f, cmap="RdBu", vmin=-lim, vmax=lim)
+        ax.set_title(f"filter {k}", fontsize=8)
+        ax.axis("off")
+    fig.suptitle(f"{YEAR} {NAME}: {TITLE} ({data})", fontsize=10)
+    fig.tight_layout()
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=out.suffix, dir=out.parent)  # written whole, then renamed
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        plt.close(fig)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The 1998 CNN milestone run end to end with this edition's tinytorch: on the bundled digits it must
+meet its target (the CNN beats the MLP with fewer parameters, in under 60 s); with `--cifar10 DIR`
+it must train on a small folder in the CIFAR-10 python-batch format written by the test."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tito import milestones as ms
+from tito.course import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "milestones" / "cnn_1998.py"
+IS_STUDENT = Settings.load(ROOT).edition == "student"
+
+
+def ready_or_skip():
+    missing = ms.readiness(ROOT, ms.get(ROOT, "cnn"))
+    if missing and IS_STUDENT:
+        pytest.skip(ms.explain(ROOT, missing, "the CNN milestone"))
+    assert not missing, ms.explain(ROOT, missing)
+
+
+def run(*args, timeout=300):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("TITO_ROOT", None)
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_header_is_discovered():
+    m = ms.get(ROOT, "1998")
+    assert (m.name, m.script) == ("cnn", SCRIPT) and "09" in m.needs and "60 s" in m.target
+
+
+@pytest.mark.slow
+def test_cnn_beats_the_mlp_on_the_digits(tmp_path):
+    ready_or_skip()
+    out = tmp_path / "plots" / "cnn.png"
+    proc = run("--out", out)
+    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert ": MET" in proc.stdout and "CNN epoch  12/12" in proc.stdout, proc.stdout
+    mlp = float(proc.stdout.split("MLP: test accuracy ")[1].split("%")[0])
+    cnn = float(proc.stdout.split("CNN: test accuracy ")[1].split("%")[0])
+    assert cnn > mlp, f"the CNN reached {cnn}% and the MLP {mlp}%\n{proc.stdout}"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert not [p for p in out.parent.iterdir() if p != out], "only the plot is left (no temporary files)"
+
+
+def write_cifar_folder(root: Path, n_train=(12, 12, 12, 12, 12), n_test=20):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name, n in zip(names, list(n_train) + [n_test]):
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"labels": rng.integers(0, 10, n).tolist(), b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         b"batch_label": name.encode(), b"filenames": [b"x.png"] * n}, f, protocol=2)
+    return root
+
+
+@pytest.mark.slow
+def test_cifar10_option_trains_both_models_through_the_loader(tmp_path):
+    ready_or_skip()
+    data = write_cifar_folder(tmp_path / "cifar")
+    out = tmp_path / "cifar.png"
+    proc = run("--cifar10", data, "--limit", 40, "--epochs", 1, "--batch-size", 8, "--out", out)
+    assert proc.returncode in (0, 1), f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "40 training and 20 test images of 3x32x32" in proc.stdout, proc.stdout
+    assert "MLP epoch   1/1" in proc.stdout and "CNN epoch   1/1" in proc.stdout, proc.stdout
+    assert ": MET" in proc.stdout or ": NOT MET" in proc.stdout
+    assert out.exists()
+
+
+def test_bad_options_are_refused():
+    proc = run("--limit", 10)
+    assert proc.returncode == 2 and "--limit" in proc.stderr and "--cifar10" in proc.stderr, proc.stderr
+    proc = run("--cifar10", ROOT / "no-such-folder", "--epochs", 1)
+    assert proc.returncode == 2 and "Download" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
