@@ -169,7 +169,8 @@ class Run:
             fig.savefig(tmp, dpi=110, format=(out.suffix[1:] or "png"))
             os.replace(tmp, out)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            if os.path.exists(tmp):
+                os.remove(tmp)
             raise
         finally:
             import matplotlib.pyplot as plt

@@ -345,12 +345,14 @@ def test_fit_errors_are_clear(capsys):
 # 8.5 / 8.6 checkpoints
 # ---------------------------------------------------------------------------------------------
 def trained(seed=0, steps=2):
+    "A small model and its optimizer after `steps` SGD steps (written out here, so that only the checkpoint code is tested)."
     model = Sequential(Linear(6, 8, rng=seed), ReLU(), Linear(8, 3, rng=seed + 1))
     opt = SGD(model.parameters(), lr=0.05, momentum=0.9)
-    t = Trainer(model, CrossEntropyLoss(), opt, progress=False)
     rng = np.random.default_rng(seed)
     for _ in range(steps):
-        t.train_step(Tensor(rng.standard_normal((4, 6))), Tensor(rng.integers(0, 3, 4)))
+        opt.zero_grad()
+        CrossEntropyLoss()(model(Tensor(rng.standard_normal((4, 6)))), Tensor(rng.integers(0, 3, 4))).backward()
+        opt.step()
     return model, opt
 
 
@@ -529,7 +531,8 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path, python_env):
     def run(*args):
         proc = subprocess.run([sys.executable, str(script), *map(str, args)], env=python_env, capture_output=True,
                               text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+        assert proc.returncode == 0, f"the training script failed in a new process: {last}\n{proc.stderr[-3000:]}"
 
     run("straight", 4, ckpt, tmp_path / "straight.npz")
     run("save", 2, ckpt, tmp_path / "half.npz")

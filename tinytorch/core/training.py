@@ -441,7 +441,7 @@ def encode_state(value, arrays: dict, where: str):
         key = f"{where}#{len(arrays)}"
         arrays[key] = value
         return {"__array__": key}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (tuple, list)):
         items = [encode_state(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]
         return {"__tuple__": items} if isinstance(value, tuple) else items
     if isinstance(value, dict):
@@ -503,7 +503,7 @@ def save_checkpoint(path, model, optimizer, epoch: int, **extra) -> Path:
             "model": list(state), "optimizer": encode_state(opt_state, arrays, "optimizer"),
             "extra": encode_state(extra, arrays, "extra")}
     arrays[META_KEY] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    os.makedirs(path.parent, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
