@@ -106,9 +106,9 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer)
 
     def lr_at(self, t: int) -> float:
-        """TODO (Exercise 8.1b): `eta_min` plus the gap `base_lr - eta_min` scaled by a factor that
-        goes from 1 to 0 as the angle `pi * t / T_max` goes from 0 to pi: `(1 + cos(angle)) / 2`.
-        HINT: `math.cos`, `math.pi`."""
+        """TODO (Exercise 8.1b): the cosine row of the table above: the floor `eta_min`, plus the gap
+        up to `base_lr` scaled by a factor that falls from 1 (t = 0) to 0 (t = T_max) along half a
+        period of a cosine. HINT: `math.cos`, `math.pi`."""
         ### BEGIN SOLUTION
         return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
         ### END SOLUTION
@@ -156,8 +156,8 @@ def clip_grad_norm_(params, max_norm: float) -> float:
       gradient.
     - `max_norm <= 0` raises `ValueError("clip_grad_norm_: max_norm must be > 0; got -1.0")`.
 
-    HINTS: accumulate the sum of squares in float64 (`np.dot(g.ravel(), g.ravel())` or
-    `np.square(...).sum()`); `*=` on a NumPy array scales it in place.
+    HINTS: accumulate the sum of squares in float64 (`np.dot` of a flattened array with itself,
+    or `np.square` then `sum`); the in-place operator `*=` scales a NumPy array without a copy.
     """
     ### BEGIN SOLUTION
     if not max_norm > 0:
@@ -482,15 +482,15 @@ def save_checkpoint(path, model, optimizer, epoch: int, **extra) -> Path:
       `{"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "epoch": epoch,
       "model": [parameter names], "optimizer": <encoded optimizer.state_dict(), or None when
       optimizer is None>, "extra": <encoded extra>}`.
-    - Atomic: write everything to a temporary file *in the same folder* (`tempfile.mkstemp(dir=...)`),
-      flush it to disk (`os.fsync`), then `os.replace` it onto `path`. A crash at any moment leaves
+    - Atomic: write everything to a temporary file *in the same folder* as `path`, flush it to
+      disk, then rename it onto `path`. A crash at any moment leaves
       either the old checkpoint or the new one, never half of one. If anything fails, delete the
       temporary file and re-raise: the previous checkpoint at `path` stays as it was.
     - The folder of `path` is created if needed; returns `path` as a `Path`.
     - Never pickle: `np.savez` of numeric arrays only.
 
-    HINTS: `json.dumps(...).encode()`, `np.frombuffer(..., dtype=np.uint8)`, `os.fdopen(fd, "wb")`,
-    `np.savez(file_object, **arrays)`, `os.fsync(f.fileno())`.
+    HINTS: `json.dumps`, `np.frombuffer` (bytes seen as a uint8 array), `tempfile.mkstemp`,
+    `os.fdopen`, `np.savez` (it accepts an open binary file), `os.fsync`, `os.replace`.
     """
     path = Path(path)
     ### BEGIN SOLUTION
