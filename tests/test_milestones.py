@@ -465,3 +465,13 @@ def test_mlp_quick_run_exit_code_follows_the_target(tmp_path):
     last = proc.stdout.rstrip().splitlines()[-1]
     assert "epoch   3/3 [" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == (0 if ": PASS (" in last else 1), f"exit code {proc.returncode} after:\n{proc.stdout}"
+
+
+@pytest.mark.slow
+def test_help_works_before_the_modules_are_done(stub_edition):
+    proc = subprocess.run([sys.executable, str(stub_edition / "milestones" / "perceptron_1957.py"), "--help"],
+                          cwd=stub_edition, env=env_for(stub_edition, ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for flag in ("--epochs", "--seed", "--quick", "--out", "--threads", "--samples", "--lr"):
+        assert flag in proc.stdout, f"{flag} missing from --help:\n{proc.stdout}"
+    assert "Target: 100% training accuracy within 50 epochs" in proc.stdout, proc.stdout
