@@ -12,7 +12,7 @@ This script uses Tensor (module 01), Linear (module 03) as the weight holder com
 x @ W.T + b, a step function as the threshold, and Sigmoid (module 02) to shade the plot. There is
 no autograd: the update is Rosenblatt's rule, written with Tensor arithmetic.
 
-    tito milestone run perceptron [--epochs 50] [--samples 200] [--seed 0] [--lr 0.1] [--out PATH]
+    tito milestone run perceptron [--epochs 50] [--samples 200] [--seed 0] [--lr 0.1] [--quick] [--out PATH]
 """
 NAME = "perceptron"
 YEAR = 1957
@@ -20,31 +20,15 @@ TITLE = "Rosenblatt's perceptron learns a linearly separable set"
 NEEDS = ["01", "02", "03"]
 TARGET = "100% training accuracy within 50 epochs on a linearly separable set"
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run directly (python milestones/...): use this edition's packages
-    sys.path.insert(0, str(ROOT))
-
-TARGET_ACCURACY = 1.0  # the numbers in TARGET
-TARGET_EPOCHS = 50
-DEFAULT_OUT = ROOT / "milestones" / "outputs" / "perceptron_1957.png"
+from tito import harness
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=f"{YEAR} {NAME}: {TITLE}. Target: {TARGET}.")
-    p.add_argument("--epochs", type=int, default=TARGET_EPOCHS, help="most passes over the data (default %(default)s)")
-    p.add_argument("--samples", type=int, default=200, help="points in the data set (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed for data, initial weights and order (default %(default)s)")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate of the rule (default %(default)s)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the plot (default %(default)s)")
-    args = p.parse_args(argv)
-    if args.epochs < 1 or args.samples < 2:
-        p.error("--epochs must be at least 1 and --samples at least 2")
-    return args
+def options(parser):
+    parser.add_argument("--samples", type=int, default=200, help="points in the data set (default %(default)s)")
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate of the rule (default %(default)s)")
 
 
 def make_blobs(n, rng, margin=0.15, spread=1.1):
@@ -65,38 +49,11 @@ def make_blobs(n, rng, margin=0.15, spread=1.1):
     return x.astype(np.float32), y.astype(np.float32)[:, None]
 
 
-class Progress:
-    """A rich progress bar on a terminal, one plain line per epoch otherwise (logs, CI, pytest)."""
-
-    def __init__(self, total):
-        self.total, self.bar = total, None
-        if sys.stdout.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
-
-            self.bar = RichProgress(TextColumn("epoch"), MofNCompleteColumn(), BarColumn(),
-                                    TextColumn("{task.fields[info]}"), transient=False)
-            self.bar.start()
-            self.task = self.bar.add_task("train", total=total, info="")
-
-    def update(self, epoch, mistakes, accuracy):
-        info = f"mistakes {mistakes:4d}   training accuracy {accuracy:6.1%}"
-        if self.bar is not None:
-            self.bar.update(self.task, completed=epoch, info=info)
-        else:
-            filled = round(20 * epoch / self.total)
-            print(f"epoch {epoch:3d}/{self.total} [{'#' * filled}{'.' * (20 - filled)}] {info}", flush=True)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
-
-    from tito.milestones import require
-
-    require("01", "02", "03")  # exits with a message naming what to finish if a module is a stub
+    run = harness.start(__file__, quick_epochs=5, options=options, argv=argv)  # epochs: TARGET's "within 50"
+    args = run.args
+    if args.samples < 2:
+        raise SystemExit("error: --samples must be at least 2")
 
     import numpy as np
 
@@ -123,15 +80,12 @@ def main(argv=None) -> int:
         # labels and predictions are 0/1, so the mean squared difference is the error rate
         return 1.0 - ((Y - step(unit(X))) ** 2).mean().item()
 
-    print(f"{YEAR} {NAME}: {TITLE}")
     print(f"data: {args.samples} points in 2-D, two linearly separable blobs (seed {args.seed}); "
           f"learning rate {args.lr}; at most {args.epochs} epoch(s)")
-    print(f"target: {TARGET}")
     initial = (unit.weight.data.copy(), unit.bias.data.copy() if unit.bias is not None else None)
     history, updates, acc, epochs_run = [], 0, accuracy(), 0
     start = time.perf_counter()
-    progress = Progress(args.epochs)
-    try:
+    with run.progress() as progress:
         for epoch in range(1, args.epochs + 1):
             mistakes = 0
             for i in rng.permutation(args.samples):  # Rosenblatt's rule: one sample at a time
@@ -145,31 +99,20 @@ def main(argv=None) -> int:
             updates += mistakes
             acc, epochs_run = accuracy(), epoch
             history.append(mistakes)
-            progress.update(epoch, mistakes, acc)
-            if acc >= TARGET_ACCURACY:  # every point right: the rule makes no more updates
+            progress.update(epoch, f"mistakes {mistakes:4d}   training accuracy {acc:6.1%}")
+            if acc == 1.0:  # every point right: the rule makes no more updates
                 break
-    finally:
-        progress.close()
     seconds = time.perf_counter() - start
 
-    met = acc >= TARGET_ACCURACY and epochs_run <= TARGET_EPOCHS
     w, b = unit.weight.data[0], (unit.bias.data[0] if unit.bias is not None else 0.0)
     print(f"trained {epochs_run} epoch(s), {updates} weight update(s), in {seconds:.2f} s; "
           f"w = [{w[0]:.3f}, {w[1]:.3f}], b = {b:.3f}")
-    print(f"training accuracy {acc:.1%} after {epochs_run} epoch(s); target: {TARGET}: "
-          f"{'MET' if met else 'NOT MET'}")
-
-    out = save_plot(args.out, x_np, y_np, unit, initial, Sigmoid(), Tensor, history, acc, epochs_run)
-    print(f"saved plot to {out}")
-    return 0 if met else 1
+    run.save_plot(plot(run.pyplot(), x_np, y_np, unit, initial, Sigmoid(), Tensor, history, acc, epochs_run))
+    return run.report(("training accuracy", acc), epochs=epochs_run)
 
 
-def save_plot(out, x_np, y_np, unit, initial, sigmoid, Tensor, history, acc, epochs_run):
+def plot(plt, x_np, y_np, unit, initial, sigmoid, Tensor, history, acc, epochs_run):
     """Left: data, sigmoid(w.x + b) shading, boundary before and after. Right: mistakes per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
@@ -204,11 +147,7 @@ def save_plot(out, x_np, y_np, unit, initial, sigmoid, Tensor, history, acc, epo
     ax2.set_title(f"learning from mistakes: {epochs_run} epoch(s)")
     fig.suptitle(f"{YEAR} {NAME}: {TITLE}")
     fig.tight_layout()
-    out = Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
 
 
 if __name__ == "__main__":

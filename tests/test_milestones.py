@@ -1,5 +1,6 @@
-"""Milestones: discovery from literal headers, readiness checks that name unfinished functions, and
-the 1957 perceptron run end to end with this edition's tinytorch."""
+"""Milestones: discovery from literal headers, readiness checks that name unfinished functions, the
+shared harness (flags, target report, progress, plots), and the 1957 perceptron, 1969 XOR and 1986
+MLP run end to end with this edition's tinytorch."""
 from __future__ import annotations
 
 import ast
@@ -13,12 +14,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tito import harness
 from tito import milestones as ms
 from tito.commands.milestone import app
 from tito.course import CourseError, Settings, get_module
 
 ROOT = Path(__file__).resolve().parents[1]
 PERCEPTRON = ROOT / "milestones" / "perceptron_1957.py"
+XOR = ROOT / "milestones" / "xor_1969.py"
+MLP = ROOT / "milestones" / "mlp_1986.py"
+ALL_08 = ("01", "02", "03", "04", "05", "06", "07", "08")
 IS_STUDENT = Settings.load(ROOT).edition == "student"
 
 
@@ -71,13 +76,98 @@ def test_real_milestones_are_discovered():
     assert ms.get(ROOT, "perceptron") == ms.get(ROOT, "perceptron_1957") == ms.get(ROOT, "1957") == p
 
 
-def test_perceptron_target_numbers_match_its_text():
-    tree = ast.parse(PERCEPTRON.read_text(encoding="utf-8"))
-    consts = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
-              if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
-              and n.targets[0].id in ("TARGET", "TARGET_ACCURACY", "TARGET_EPOCHS")}
-    assert f"{consts['TARGET_ACCURACY']:.0%}" in consts["TARGET"], consts
-    assert f"within {consts['TARGET_EPOCHS']} epochs" in consts["TARGET"], consts
+def test_xor_and_mlp_are_discovered():
+    found = {m.name: m for m in ms.discover(ROOT)}
+    assert (found["xor"].year, found["xor"].needs, found["xor"].script) == (1969, ALL_08, XOR), found.get("xor")
+    assert (found["mlp"].year, found["mlp"].needs, found["mlp"].script) == (1986, ALL_08, MLP), found.get("mlp")
+    assert [m.name for m in ms.discover(ROOT)][:3] == ["perceptron", "xor", "mlp"], "listed by year"
+
+
+def test_every_target_states_its_thresholds_once():
+    """The harness checks the numbers written in TARGET, so no script restates them as constants."""
+    targets = {m.name: harness.Target.parse(m.target) for m in ms.discover(ROOT)}
+    p, x, mlp = targets["perceptron"], targets["xor"], targets["mlp"]
+    assert [(c.op, c.threshold) for c in p.conditions] == [(">=", 1.0)] and p.max_epochs == 50, p
+    assert [(c.op, c.threshold) for c in x.conditions] == [(">=", 1.0), ("<=", 0.75)] and x.max_epochs is None, x
+    assert [(c.op, c.threshold) for c in mlp.conditions] == [(">=", 0.95)], mlp
+    for m in ms.discover(ROOT):
+        source = m.script.read_text(encoding="utf-8")
+        assert "from tito import harness" in source and "harness.start(__file__" in source, \
+            f"{m.script.name} must use the milestone harness"
+        for boilerplate in ("sys.path.insert", "argparse", "require(", "class Progress"):
+            assert boilerplate not in source, f"{m.script.name} repeats harness boilerplate: {boilerplate}"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("at least 95% test accuracy", [(">=", 0.95)]),
+    ("97.5% accuracy, loss at most 20%", [(">=", 0.975), ("<=", 0.2)]),
+    ("error <= 3% and recall >= 90%", [("<=", 0.03), (">=", 0.9)]),
+])
+def test_target_parse(text, expected):
+    got = [(c.op, round(c.threshold, 9)) for c in harness.Target.parse(text).conditions]
+    assert got == expected, f"{text!r} parsed as {got}"
+
+
+def test_target_without_percentage_is_refused():
+    with pytest.raises(CourseError, match="states no percentage"):
+        harness.Target.parse("learns something")
+
+
+def make_run(tmp_path, target, argv=()):
+    script = write_milestone(tmp_path / "milestones", "fake_2000.py",
+                             f'NAME = "fake"\nYEAR = 2000\nTITLE = "a fake"\nNEEDS = []\nTARGET = {target!r}\n')
+    (tmp_path / "modules").mkdir(exist_ok=True)
+    (tmp_path / "settings.ini").write_text("[course]\n")
+    return harness.start(str(script), epochs=7, quick_epochs=2, argv=list(argv), root=tmp_path)
+
+
+def test_harness_flags_header_and_report(tmp_path, capsys):
+    run = make_run(tmp_path, "at least 90% accuracy within 5 epochs, error at or below 10%", ["--seed", "3"])
+    assert (run.args.epochs, run.args.seed, run.quick) == (7, 3, False)
+    assert run.args.out == tmp_path / "milestones" / "outputs" / "fake_2000.png"
+    out = capsys.readouterr().out
+    assert out.startswith("2000 fake: a fake\ntarget: at least 90% accuracy"), out
+    assert run.report(("accuracy", 0.9), ("error", 0.1), epochs=5) == 0
+    out = capsys.readouterr().out
+    assert "target: >= 90% accuracy; reached 90.0%: PASS" in out, out
+    assert "target: <= 10% error; reached 10.0%: PASS" in out and "took 5: PASS" in out, out
+    assert out.rstrip().endswith("PASS (at least 90% accuracy within 5 epochs, error at or below 10%)"), out
+    assert run.report(("accuracy", 0.95), ("error", 0.2)) == 1
+    assert "reached 20.0%: FAIL" in capsys.readouterr().out
+    assert run.report(("accuracy", 0.95), ("error", 0.0), epochs=6) == 1
+    with pytest.raises(ValueError, match="got 1 value"):
+        run.report(("accuracy", 0.9))
+    assert make_run(tmp_path, "50%", ["--quick"]).args.epochs == 2
+    with pytest.raises(SystemExit):
+        make_run(tmp_path, "50%", ["--epochs", "0"])
+
+
+def test_harness_refuses_unfinished_modules(stub_edition, capsys):
+    with pytest.raises(SystemExit) as e:
+        harness.start(str(stub_edition / "milestones" / "perceptron_1957.py"), argv=[], root=stub_edition)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "perceptron_1957.py (1957 perceptron)" in err and "Linear.forward" in err and "tito module complete 03" in err, err
+
+
+def test_harness_progress_lines_and_plot(tmp_path, capsys):
+    import io
+
+    stream = io.StringIO()
+    with harness.Progress(100, stream=stream) as progress:
+        for i in range(1, 38):
+            progress.update(i, f"loss {1 / i:.3f}")
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("epoch   1/100 [....") and "loss 1.000" in lines[0], lines
+    assert lines[-1].startswith("epoch  37/100 [") and len(lines) == 9, lines  # 1, 5, 10, ..., 35, then 37 on close
+    run = make_run(tmp_path, "50%", ["--out", str(tmp_path / "plots" / "p.png")])
+    plt = run.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    out = run.save_plot(fig)
+    assert out == tmp_path / "plots" / "p.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert os.listdir(out.parent) == ["p.png"], "no temporary file may be left next to the plot"
+    assert f"saved plot to {out}" in capsys.readouterr().out
 
 
 def test_discover_reads_headers_without_importing(tmp_path):
@@ -281,7 +371,8 @@ def test_perceptron_meets_its_target(tmp_path):
         [sys.executable, str(PERCEPTRON), "--samples", "80", "--epochs", "50", "--seed", "1", "--out", str(out)],
         cwd=ROOT, env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
-    assert "training accuracy 100.0%" in proc.stdout and ": MET" in proc.stdout, proc.stdout
+    assert "target: >= 100% training accuracy; reached 100.0%: PASS" in proc.stdout, proc.stdout
+    assert "target: within 50 epochs; took" in proc.stdout and proc.stdout.rstrip().endswith(")"), proc.stdout
     assert "epoch   1/50 [" in proc.stdout, "expected a text progress line per epoch when not on a terminal"
     assert f"saved plot to {out}" in proc.stdout, proc.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
@@ -294,8 +385,9 @@ def test_perceptron_exit_code_follows_the_target(tmp_path):
     proc = subprocess.run([sys.executable, str(PERCEPTRON), "--samples", "200", "--epochs", "1", "--seed", "97",
                            "--out", str(out)],
                           cwd=ROOT, env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120)
-    met = ": MET" in proc.stdout
-    assert met or ": NOT MET" in proc.stdout, proc.stdout + proc.stderr
+    last = proc.stdout.rstrip().splitlines()[-1]
+    met = ": PASS (" in last
+    assert met or ": FAIL (" in last, proc.stdout + proc.stderr
     assert proc.returncode == (0 if met else 1), f"exit code {proc.returncode} but the script printed:\n{proc.stdout}"
     assert out.exists()
 
@@ -310,3 +402,76 @@ def test_cli_run_passes_options_to_the_script(tmp_path, capfd):
     assert result.exit_code == 0, result.output + printed
     assert "40 points" in printed and f"saved plot to {out}" in printed, printed
     assert out.exists()
+
+
+# ------------------------------------------------------------------ 1969 XOR and 1986 MLP
+
+
+def ready_08_or_skip(milestone):
+    require_modules_authored(*ALL_08)
+    missing = ms.readiness(ROOT, ms.get(ROOT, milestone))
+    if missing and IS_STUDENT:
+        pytest.skip(ms.explain(ROOT, missing, f"the {milestone} milestone"))
+    assert not missing, ms.explain(ROOT, missing)
+
+
+def run_script(script, *args, timeout=300):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=ROOT,
+                          env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_xor_single_layer_fails_and_mlp_solves_it(tmp_path):
+    ready_08_or_skip("xor")
+    out = tmp_path / "xor.png"
+    proc = run_script(XOR, "--seed", "1", "--out", out)
+    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert "target: >= 100% two-layer MLP accuracy; reached 100.0%: PASS" in proc.stdout, proc.stdout
+    single = [line for line in proc.stdout.splitlines() if line.startswith("target: <= 75% single-layer accuracy")]
+    assert single and single[0].endswith(": PASS"), proc.stdout
+    assert "epoch   1/300 [" in proc.stdout, "expected plain progress lines when not on a terminal"
+    assert f"saved plot to {out}" in proc.stdout and out.read_bytes()[:4] == b"\x89PNG", proc.stdout
+
+
+@pytest.mark.slow
+def test_xor_refuses_before_modules_07_and_08_are_done(stub_edition):
+    require_modules_authored(*ALL_08)
+    stub_function(stub_edition / "tinytorch" / "core" / "training.py", "Trainer.train_step")
+    proc = subprocess.run([sys.executable, str(stub_edition / "milestones" / "xor_1969.py")], cwd=stub_edition,
+                          env=env_for(stub_edition, ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Trainer.train_step" in proc.stderr and "tito module complete 08" in proc.stderr, proc.stderr
+    assert "Linear.forward" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_mlp_reaches_95_percent_on_the_digits(tmp_path):
+    ready_08_or_skip("mlp")
+    out = tmp_path / "mlp.png"
+    proc = run_script(MLP, "--out", out)
+    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("target: >= 95% test accuracy; reached "))
+    reached = float(line.split("reached ")[1].split("%")[0])
+    assert reached >= 95.0 and line.endswith(": PASS"), line
+    assert "epoch   1/15 [" in proc.stdout and "val loss" in proc.stdout, proc.stdout
+    assert "trained 15 epochs in" in proc.stdout and "confusion" not in proc.stderr, proc.stdout + proc.stderr
+    assert f"saved plot to {out}" in proc.stdout and out.stat().st_size > 20_000
+
+
+@pytest.mark.slow
+def test_mlp_quick_run_exit_code_follows_the_target(tmp_path):
+    ready_08_or_skip("mlp")
+    proc = run_script(MLP, "--quick", "--hidden", "16", "--out", tmp_path / "q.png")
+    last = proc.stdout.rstrip().splitlines()[-1]
+    assert "epoch   3/3 [" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == (0 if ": PASS (" in last else 1), f"exit code {proc.returncode} after:\n{proc.stdout}"
+
+
+@pytest.mark.slow
+def test_help_works_before_the_modules_are_done(stub_edition):
+    proc = subprocess.run([sys.executable, str(stub_edition / "milestones" / "perceptron_1957.py"), "--help"],
+                          cwd=stub_edition, env=env_for(stub_edition, ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for flag in ("--epochs", "--seed", "--quick", "--out", "--threads", "--samples", "--lr"):
+        assert flag in proc.stdout, f"{flag} missing from --help:\n{proc.stdout}"
+    assert "Target: 100% training accuracy within 50 epochs" in proc.stdout, proc.stdout

@@ -437,3 +437,72 @@ def test_sequential_rejects_non_callables():
         Sequential(Linear(2, 2), 3)
     assert "1" in str(err.value) and "int" in str(err.value), \
         f"Sequential(Linear(2, 2), 3): the error should name position 1 and type int; got: {err.value}"
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict / load_state_dict (given code in the Module cell; module 08 saves it to disk)
+# ---------------------------------------------------------------------------------------------
+def test_state_dict_holds_copies_under_dotted_names():
+    tree = Tree()
+    state = tree.state_dict()
+    assert list(state) == [name for name, _ in tree.named_parameters()], list(state)
+    for name, p in tree.named_parameters():
+        assert isinstance(state[name], np.ndarray) and state[name].shape == p.shape, name
+        assert not np.shares_memory(state[name], p.data), f"state_dict()[{name!r}] must be a copy, not a view"
+    tree.first.w.data += 5
+    assert np.all(state["first.w"] == 1), "changing a parameter after state_dict() changed the saved copy"
+
+
+def test_load_state_dict_round_trip_in_place():
+    src, dst = Tree(), Tree()
+    for i, p in enumerate(src.parameters()):
+        p.data[...] = np.arange(p.size, dtype=np.float32).reshape(p.shape) + i
+    arrays = [p.data for p in dst.parameters()]
+    result = dst.load_state_dict(src.state_dict())
+    assert result == ([], [])
+    for (name, a), b, arr in zip(src.named_parameters(), dst.parameters(), arrays):
+        np.testing.assert_array_equal(a.data, b.data, err_msg=name)
+        assert b.data is arr, f"{name}: load_state_dict must copy into the existing array (optimizers hold it)"
+    # Tensors and float64 arrays are accepted and cast to the parameter dtype
+    dst.load_state_dict({k: Tensor(v.astype(np.float64)) for k, v in src.state_dict().items()})
+    assert all(p.data.dtype == np.float32 for p in dst.parameters())
+
+
+def test_load_state_dict_strict_names_missing_and_unexpected_keys_and_changes_nothing():
+    tree = Tree()
+    before = {k: v.copy() for k, v in tree.state_dict().items()}
+    state = {k: v + 1 for k, v in before.items()}
+    del state["b"]
+    state["extra.w"] = np.ones(3, dtype=np.float32)
+    with pytest.raises(KeyError) as e:
+        tree.load_state_dict(state)
+    assert "missing ['b']" in str(e.value) and "unexpected ['extra.w']" in str(e.value), str(e.value)
+    for k, v in tree.state_dict().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=f"a refused load changed {k}")
+    missing, unexpected = tree.load_state_dict(state, strict=False)
+    assert (missing, unexpected) == (["b"], ["extra.w"])
+    np.testing.assert_array_equal(tree.first.w.data, before["first.w"] + 1)
+
+
+def test_load_state_dict_shape_mismatch_names_key_and_both_shapes():
+    tree = Tree()
+    state = tree.state_dict()
+    state["blocks.2.w"] = np.zeros((3, 4), dtype=np.float32)
+    for strict in (True, False):
+        with pytest.raises(ValueError) as e:
+            tree.load_state_dict(state, strict=strict)
+        assert "'blocks.2.w'" in str(e.value) and "(3, 4)" in str(e.value) and "(4, 4)" in str(e.value), str(e.value)
+    with pytest.raises(TypeError, match="expects a dict"):
+        tree.load_state_dict([1, 2])
+
+
+def test_state_dict_matches_torch_names_for_linear():
+    torch = pytest.importorskip("torch")
+    ours = Sequential(Linear(3, 4, rng=0), Linear(4, 2, rng=1))
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    theirs = {k.replace("0.", "layers.0.", 1).replace("1.", "layers.1.", 1): v.detach().numpy()
+              for k, v in ref.state_dict().items()}
+    assert set(theirs) == set(ours.state_dict())
+    ours.load_state_dict(theirs)
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_allclose(ours(Tensor(x)).data, ref(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -159,6 +159,45 @@ class Module:
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
 
+    def state_dict(self) -> dict:
+        """Everything training learned, as plain data: `{dotted_name: NumPy array copy}` per parameter.
+
+        The keys are `named_parameters()` names (`"fc1.weight"`), the values float copies that later
+        training does not change. Module 08 writes this dict to disk as a checkpoint.
+        """
+        return {name: p.data.copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict, strict: bool = True):
+        """Copy the arrays of `state` (from `state_dict()`) into this module's parameters, in place.
+
+        Every key and shape is checked before anything is copied, so a failed load changes nothing.
+        `strict=True` (the default): a key this module lacks, or a parameter missing from `state`,
+        is a KeyError naming it. `strict=False` loads the common keys and returns
+        `(missing, unexpected)` name lists. A shape mismatch is always a ValueError naming the key
+        and both shapes. Values are cast to each parameter's dtype.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict expects a dict {{name: array}} from state_dict(); got {type(state).__name__}")
+        params = dict(self.named_parameters())
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        if strict and (missing or unexpected):
+            parts = ([f"missing {missing} (parameters of this {type(self).__name__} with no value in the state)"] if missing else []) + \
+                    ([f"unexpected {unexpected} (keys this {type(self).__name__} has no parameter for)"] if unexpected else [])
+            raise KeyError(f"load_state_dict (strict): {'; '.join(parts)}; this module's keys are {list(params)}. "
+                           "Build the same architecture as the one saved, or pass strict=False to load the common keys")
+        arrays = {}
+        for name, p in params.items():
+            if name in state:
+                value = np.asarray(state[name].data if isinstance(state[name], Tensor) else state[name])
+                if value.shape != p.data.shape:
+                    raise ValueError(f"load_state_dict: {name!r} has shape {value.shape} in the state but "
+                                     f"{p.data.shape} in this {type(self).__name__}")
+                arrays[name] = value
+        for name, value in arrays.items():  # all checked: now copy, in place (optimizers keep their references)
+            params[name].data[...] = value
+        return missing, unexpected
+
 # %% ../../modules/03_layers/03_layers.ipynb #c014
 def as_generator(rng=None) -> np.random.Generator:
     """Turn `rng` into a `np.random.Generator`: None gives a fresh one, an int seeds one, a Generator is kept."""

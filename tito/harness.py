@@ -1,0 +1,275 @@
+"""The milestone harness: everything milestone scripts share, so that each script holds only its story
+and its model.
+
+A milestone script states its header once, as literal constants that `tito milestone list` reads
+without running it (`tito.milestones.parse`), and hands the rest to `start`::
+
+    NAME = "mlp"
+    YEAR = 1986
+    TITLE = "..."
+    NEEDS = ["01", "02", "03", "04", "05", "06", "07", "08"]
+    TARGET = "at least 95% test accuracy on the 360 test digits"
+
+    from tito import harness
+
+    def main(argv=None) -> int:
+        run = harness.start(__file__, epochs=15, quick_epochs=3, argv=argv)   # flags, readiness, header
+        ...                                                                 # the story and the model
+        run.save_plot(fig)                                                  # milestones/outputs/<script>.png
+        return run.report(("test accuracy", accuracy))                      # PASS/FAIL line, exit code
+
+`start` parses the common flags (`--epochs`, `--seed`, `--quick`, `--out`, `--threads`, plus the
+script's own through `options=`), checks that the modules in NEEDS (and their prerequisites) are exported and
+implemented, exiting with code 2 and a message naming each unfinished function and the command
+that records it, puts the edition root first on `sys.path`, and prints the title and target.
+
+The target is written once, in TARGET: its percentages are the thresholds the report checks, in
+order (`Target.parse`): "95%" or "at least 95%" means reached >= 95%, "at or below 75%" (or "at
+most", "<=") means reached <= 75%, and "within 50 epochs" caps the epochs. `Run.report` prints
+one line per condition, `target: >= 95% test accuracy; reached 97.2%: PASS`, and returns the exit
+code: 0 when every condition holds, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tito import milestones as ms
+from tito.course import CourseError, find_root
+
+OUTPUTS = Path(ms.MILESTONES_DIR) / "outputs"
+_PERCENT = re.compile(r"(at least|at or above|at most|at or below|>=|<=)?\s*(\d+(?:\.\d+)?)\s*%", re.IGNORECASE)
+_WITHIN = re.compile(r"within\s+(\d+)\s+epochs?", re.IGNORECASE)
+_AT_MOST = {"at most", "at or below", "<="}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One threshold of a target: `reached >= threshold` (op ">=") or `reached <= threshold` (op "<=")."""
+
+    op: str
+    threshold: float  # a fraction: 95% is 0.95
+    text: str  # as written in TARGET: "95%"
+
+    def holds(self, value: float) -> bool:
+        eps = 1e-9  # 1.0 reached must meet "100%" despite float rounding
+        return value >= self.threshold - eps if self.op == ">=" else value <= self.threshold + eps
+
+
+@dataclass(frozen=True)
+class Target:
+    """What TARGET promises, parsed from its text: the percentage conditions in order, and an epoch cap."""
+
+    text: str
+    conditions: tuple[Condition, ...]
+    max_epochs: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Target":
+        conditions = []
+        for m in _PERCENT.finditer(text):
+            op = "<=" if (m.group(1) or "").lower() in _AT_MOST else ">="
+            conditions.append(Condition(op, float(m.group(2)) / 100.0, f"{m.group(2)}%"))
+        if not conditions:
+            raise CourseError(f"TARGET {text!r} states no percentage; write the threshold the script checks, "
+                              'e.g. TARGET = "at least 95% test accuracy"')
+        within = _WITHIN.search(text)
+        return cls(text, tuple(conditions), int(within.group(1)) if within else None)
+
+
+class Progress:
+    """Training progress: a rich bar on a terminal; plain lines elsewhere (logs, CI, pytest), at most
+    about 20 of them (the first step, every `total // 20`-th, and the last)."""
+
+    def __init__(self, total: int, label: str = "epoch", stream=None):
+        self.total, self.label = total, label
+        self.stream = stream if stream is not None else sys.stdout
+        self.every = max(1, total // 20)
+        self.bar = None
+        if hasattr(self.stream, "isatty") and self.stream.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+            self.bar = RichProgress(TextColumn(label), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                                    TextColumn("{task.fields[info]}"))
+            self.bar.start()
+            self.task = self.bar.add_task(label, total=total, info="")
+
+    def update(self, step: int, info: str = "") -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+        elif step == 1 or step % self.every == 0 or step == self.total:
+            self._line(step, info)
+            self.pending = None
+        else:
+            self.pending = (step, info)  # printed by close() if it was the last one
+
+    def _line(self, step: int, info: str) -> None:
+        filled = round(20 * step / self.total)
+        print(f"{self.label} {step:3d}/{self.total} [{'#' * filled}{'.' * (20 - filled)}] {info}",
+              file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+        elif getattr(self, "pending", None):  # a run that stopped early: show where it stopped
+            self._line(*self.pending)
+            self.pending = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class Run:
+    """A started milestone: its header, parsed flags, edition root and target."""
+
+    milestone: ms.Milestone
+    args: argparse.Namespace
+    root: Path
+    target: Target
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def quick(self) -> bool:
+        return bool(self.args.quick)
+
+    @property
+    def title(self) -> str:
+        return f"{self.milestone.year} {self.milestone.name}: {self.milestone.title}"
+
+    def progress(self, total: int | None = None, label: str = "epoch") -> Progress:
+        "A progress display over `total` steps (default: `--epochs`)."
+        return Progress(self.args.epochs if total is None else total, label)
+
+    def pyplot(self):
+        "matplotlib.pyplot with the file-only Agg backend (milestones save plots, they never open windows)."
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+
+    def save_plot(self, fig, out: Path | None = None) -> Path:
+        """Save `fig` to `--out` (default `milestones/outputs/<script>.png`) atomically, close it, say where."""
+        out = Path(out or self.args.out).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=out.suffix or ".png")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, dpi=110, format=(out.suffix[1:] or "png"))
+            os.replace(tmp, out)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        finally:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+        print(f"saved plot to {out}", flush=True)
+        return out
+
+    def report(self, *reached: tuple[str, float], epochs: int | None = None) -> int:
+        """Check each `(label, value)` against TARGET's conditions, in order; print one line each; return
+        the exit code (0: every condition holds, 1: not). `epochs` is checked against "within N epochs"."""
+        conditions = self.target.conditions
+        if len(reached) != len(conditions):
+            raise ValueError(f"{self.milestone.script.name}: report() got {len(reached)} value(s) but TARGET "
+                             f"{self.target.text!r} states {len(conditions)} threshold(s)")
+        ok = True
+        for cond, (label, value) in zip(conditions, reached):
+            passed = cond.holds(value)
+            ok &= passed
+            print(f"target: {cond.op} {cond.text} {label}; reached {value:.1%}: {'PASS' if passed else 'FAIL'}")
+        if self.target.max_epochs is not None and epochs is not None:
+            passed = epochs <= self.target.max_epochs
+            ok &= passed
+            print(f"target: within {self.target.max_epochs} epochs; took {epochs}: {'PASS' if passed else 'FAIL'}")
+        print(f"{self.title}: {'PASS' if ok else 'FAIL'} ({self.target.text})", flush=True)
+        return 0 if ok else 1
+
+
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _limit_blas_threads(n: int) -> None:
+    """Use `n` BLAS threads. Set before NumPy is imported (milestone scripts import it after `start`);
+    when it already is, threadpoolctl (if installed) changes the running thread pools instead."""
+    if "numpy" not in sys.modules:
+        for var in BLAS_THREAD_VARIABLES:
+            os.environ[var] = str(n)
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(n)
+
+
+def _fail(message: str, code: int = 2):
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def start(script: str, *, epochs: int | None = None, quick_epochs: int | None = None, options=None,
+          argv=None, root: Path | None = None) -> Run:
+    """Start the milestone whose file is `script` (pass `__file__`).
+
+    `epochs`: the default of `--epochs` (else TARGET's "within N epochs"); `quick_epochs`: the
+    default under `--quick`. `options(parser)` adds the script's own flags. Exits with code 2 and a
+    clear message when the header is invalid or a needed module is not ready.
+    """
+    path = Path(script).resolve()
+    try:
+        milestone = ms.parse(path)
+        target = Target.parse(milestone.target)
+        root = root or find_root(path.parent)
+    except CourseError as e:
+        _fail(f"error: {e}")
+    default_epochs = epochs or target.max_epochs
+    if default_epochs is None:
+        raise ValueError(f"{path.name}: pass epochs= to harness.start (TARGET states no epoch limit)")
+    parser = argparse.ArgumentParser(
+        prog=path.name, description=f"{milestone.year} {milestone.name}: {milestone.title}. Target: {milestone.target}.")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"passes over the training data (default {default_epochs}; {quick_epochs or default_epochs} with --quick)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for data, initial weights and order (default %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a short run, for a smoke test (may miss the target)")
+    parser.add_argument("--out", type=Path, default=root / OUTPUTS / f"{path.stem}.png",
+                        help="where to save the plot (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS threads for NumPy's matmuls (default %(default)s: these models' matrices are too "
+                             "small to gain from more, and on a busy machine extra threads wait for each other)")
+    if options is not None:
+        options(parser)
+    args = parser.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = (quick_epochs or default_epochs) if args.quick else default_epochs
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1; got {args.epochs}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1; got {args.threads}")
+    _limit_blas_threads(args.threads)
+
+    try:
+        missing = ms.check_modules(root, milestone.needs)
+    except CourseError as e:
+        _fail(f"error: {e}")
+    if missing:
+        _fail(ms.explain(root, missing, f"{path.name} ({milestone.year} {milestone.name})"))
+    if sys.path[:1] != [str(root)]:  # run directly (python milestones/...): this edition's tinytorch comes first
+        sys.path.insert(0, str(root))
+    run = Run(milestone, args, root, target)
+    print(run.title)
+    print(f"target: {milestone.target}", flush=True)
+    return run
