@@ -34,7 +34,12 @@ def __tito_not_implemented(shell, etype, evalue, tb, tb_offset=None):
     frame_tb = tb
     while frame_tb.tb_next is not None:
         frame_tb = frame_tb.tb_next
-    print({NOT_IMPLEMENTED_MARK!r} + frame_tb.tb_frame.f_code.co_qualname, flush=True)
+    frame, code = frame_tb.tb_frame, frame_tb.tb_frame.f_code
+    name = getattr(code, "co_qualname", None)  # Python 3.11+; on 3.10 rebuilt from `self`
+    if name is None:
+        owner = frame.f_locals.get("self")
+        name = f"{{type(owner).__qualname__}}.{{code.co_name}}" if owner is not None else code.co_name
+    print({NOT_IMPLEMENTED_MARK!r} + name, flush=True)
     shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
 get_ipython().set_custom_exc((NotImplementedError,), __tito_not_implemented)
 import matplotlib

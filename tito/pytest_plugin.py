@@ -60,6 +60,21 @@ def _exercise(item) -> tuple[str, str]:
     return number, function
 
 
+def qualname(frame) -> str:
+    """`Class.method` of a frame: `co_qualname` on Python 3.11+, rebuilt from `self`/`cls` on 3.10."""
+    code = frame.f_code
+    if hasattr(code, "co_qualname"):
+        return code.co_qualname
+    owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
+    if owner is not None:
+        cls = owner if isinstance(owner, type) else type(owner)
+        for klass in cls.__mro__:  # the class that defines the method, not a subclass
+            if getattr(klass.__dict__.get(code.co_name), "__code__", None) is code:
+                return f"{klass.__qualname__}.{code.co_name}"
+        return f"{cls.__qualname__}.{code.co_name}"
+    return code.co_name
+
+
 def _not_implemented_function(excinfo) -> str | None:
     """Qualified name of the function whose stub raised NotImplementedError, if that is the failure."""
     exc = excinfo.value
@@ -72,7 +87,7 @@ def _not_implemented_function(excinfo) -> str | None:
                 return "(unknown function)"
             while tb.tb_next is not None:
                 tb = tb.tb_next
-            return tb.tb_frame.f_code.co_qualname
+            return qualname(tb.tb_frame)
         if _GROUPS and isinstance(exc, _GROUPS) and exc.exceptions:
             exc = exc.exceptions[0]
         else:
@@ -91,26 +106,26 @@ def _one_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def summarize(exc: BaseException, limit: int = 400) -> str:
+def summarize(exc: BaseException, limit: int = 500) -> str:
     """The failure in one line a student can act on.
 
     numpy.testing puts its message on the lines after an empty first one, so the first few
     non-empty lines are kept, not the first line. A hypothesis failure (one, or a group of
-    "distinct failures") shows the first failure and its falsifying example.
+    "distinct failures") shows the first failure and the example that made it fail.
     """
     leaves = _leaves(exc)
     first = leaves[0]
     name = type(first).__name__
     lines = [ln.strip() for ln in str(first).splitlines() if ln.strip()]
-    text = f"{name}: " + "; ".join(lines[:3]) if lines else f"{name} (no message)"
-    if len(lines) > 3:
+    text = f"{name}: " + "; ".join(lines[:6]) if lines else f"{name} (no message)"
+    if len(lines) > 6:
         text += "; ..."
     if len(leaves) > 1:
         text = f"{len(leaves)} different failures; the first: {text}"
     notes = [n for n in getattr(first, "__notes__", []) or [] if isinstance(n, str)]
-    example = next((n for n in notes if n.startswith("Falsifying example")), None)
+    example = [n for n in notes if n.startswith(("Falsifying example", "Failing test case", "Draw "))]
     if example:
-        return _one_line(text, limit // 2) + " | " + _one_line(example, limit // 2)
+        return _one_line(text, limit * 3 // 5) + " | " + _one_line(" ".join(example), limit * 2 // 5)
     return _one_line(text, limit)
 
 

@@ -142,7 +142,8 @@ def print_pytest_report(data: dict, title: str, rerun: str = "") -> bool:
             names = sorted({t["nodeid"].split("::")[-1].split("[")[0] for t in ts})
             fn = ", ".join(names[:2]) + (f" (+{len(names) - 2})" if len(names) > 2 else "")
         reasons = sorted({t["reason"] for t in failed})
-        fix = "; ".join(r[:240] for r in reasons[:2]) + (" ..." if len(reasons) > 2 else "")
+        fix = reasons[0][:500] + (f" (and {len(reasons) - 1} other failure{'s' if len(reasons) > 2 else ''})"
+                                   if len(reasons) > 1 else "") if reasons else ""
         if failed:
             cell = f"[red]{escape(fix)}[/]"
         else:
