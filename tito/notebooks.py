@@ -493,7 +493,7 @@ def export(root: Path, notebook: Path | None = None, import_timeout: float = 120
             raise ExportError(f"{nb_file.name} does not export: an exported cell is not valid Python:\n  "
                               + "\n  ".join(problems) + "\nFix it in the notebook and export again; your package "
                               "was not changed (it still holds your last good export).",
-                              [m for m in [_package_of(nb_file)] if m])
+                              [f"{lib_rel}.{m}" for m in [_package_of(nb_file)] if m])
     with tempfile.TemporaryDirectory(prefix="tito-export-") as tmp:
         stage = Path(tmp)
         shutil.copy2(root / "pyproject.toml", stage / "pyproject.toml")
@@ -513,7 +513,7 @@ def export(root: Path, notebook: Path | None = None, import_timeout: float = 120
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
             raise ExportError(f"nbdev could not export {what}; your package was not changed:\n{tail}",
-                              [m for m in map(_package_of, notebooks) if m])
+                              [f"{lib_rel}.{m}" for m in map(_package_of, notebooks) if m])
 
         old, new = generated_files_bytes(lib), generated_files_bytes(stage / lib_rel)
         changed = sorted(rel for rel, data in new.items() if old.get(rel) != data)
