@@ -199,7 +199,7 @@ class CellProgress:
     def __call__(self, event, item, pos, total):
         if event == "start":
             if console.is_terminal:
-                text = f"[{pos}/{total}] running {escape(item)} (at most {self.timeout:g} s per cell)"
+                text = f"\\[{pos}/{total}] running {escape(item)} (at most {self.timeout:g} s per cell)"
                 if self.status is None:
                     self.status = console.status(text)
                     self.status.start()
@@ -210,7 +210,7 @@ class CellProgress:
         if not (res.is_test or not res.ok or res.seconds >= 2 or "(your solution" in res.label):
             return
         mark = "[green]ok  [/]" if res.ok else "[red]FAIL[/]"
-        line = f"  [{pos:>2}/{total}] {mark} {res.seconds:5.1f} s  {escape(res.label)}"
+        line = f"  \\[{pos:>2}/{total}] {mark} {res.seconds:5.1f} s  {escape(res.label)}"
         if not res.ok:
             line += f": {escape(res.reason()[:160])}"
         console.print(line)
