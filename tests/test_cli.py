@@ -464,5 +464,15 @@ def test_student_edition_documents_itself(student_edition):
     assert "instructor edition" not in readme and "complete solutions" not in readme
     page = json.loads((student_edition / ".jupyter" / "labconfig" / "page_config.json").read_text())
     assert page["disabledExtensions"]["@jupyter/nbgrader:create-assignment"] is True
-    server = json.loads((student_edition / ".jupyter" / "jupyter_server_config.json").read_text())
-    assert server["ServerApp"]["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
+    # what jupyter_server itself reads under the environment `tito module start` gives JupyterLab
+    from tito.student import student_jupyter_env
+
+    code = ("from jupyter_core.paths import jupyter_config_path\n"
+            "from jupyter_server.extension.config import ExtensionConfigManager\n"
+            "ext = ExtensionConfigManager(read_config_path=jupyter_config_path()).get_jpserver_extensions()\n"
+            "print(sorted(k for k, on in ext.items() if 'nbgrader' in k and on))\n"
+            "print(sorted(k for k, on in ext.items() if 'nbgrader' in k and not on))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=student_edition, capture_output=True, text=True,
+                          env=student_jupyter_env(student_edition, dict(os.environ)), timeout=120)
+    enabled, disabled = proc.stdout.splitlines()
+    assert enabled == "[]" and "nbgrader.server_extensions.formgrader" in disabled, proc.stdout + proc.stderr
