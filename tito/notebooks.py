@@ -428,7 +428,7 @@ class ExportError(CourseError):
 
 
 def _nbdev_paths(root: Path) -> tuple[str, str]:
-    import tomllib
+    from .course import tomllib
 
     try:
         cfg = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["nbdev"]
