@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,16 @@ def edition(student_edition, tmp_path) -> Path:
     dest = tmp_path / "mine"
     shutil.copytree(student_edition, dest, symlinks=True)
     return dest
+
+
+def edit_solution(edition: Path, grade_id: str, code: str, slug: str = "01_tensor") -> None:
+    """Put `code` where the release's stub (`raise NotImplementedError()`) is in solution cell `grade_id`."""
+    nb_path = edition / "modules" / slug / f"{slug}.ipynb"
+    nb = nbs.read(nb_path)
+    cell = next(c for c in nb.cells if nbs.nbgrader_meta(c).get("grade_id") == grade_id)
+    assert "raise NotImplementedError()" in cell.source
+    cell.source = cell.source.replace("raise NotImplementedError()", code, 1)
+    nbs.write(nb, nb_path)
 
 
 def use_reference(edition: Path, slug: str) -> None:
@@ -94,6 +106,7 @@ def test_student_init_force_replaces_only_after_a_complete_build(tmp_path):
     (tmp_path / "old.txt").write_text("previous edition")
     proc = tito(ROOT, "student", "init", str(tmp_path), "--force")
     assert proc.returncode == 0, proc.output
+    assert '.venv/bin/pip install -e ".[test]"' in proc.output, "the next: lines name the one install command"
     assert not (tmp_path / "old.txt").exists() and (tmp_path / "modules" / "01_tensor" / ".release.ipynb").exists()
     assert not list(tmp_path.parent.glob(f".{tmp_path.name}.partial"))
 
@@ -207,14 +220,11 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch)
 
 
 def test_syntax_error_names_the_cell(edition):
-    nb_path = edition / "modules" / "01_tensor" / "01_tensor.ipynb"
-    nb = nbs.read(nb_path)
-    cell = next(c for c in nb.cells if nbs.nbgrader_meta(c).get("grade_id") == "tensor_broadcast_shape")
-    cell.source = cell.source.replace("raise NotImplementedError()", "return (1, 2")
-    nbs.write(nb, nb_path)
+    edit_solution(edition, "tensor_broadcast_shape", "return (1, 2")
     proc = tito(edition, "test", "01")
     assert proc.returncode == 1
-    assert "tensor_broadcast_shape" in proc.output and "SyntaxError" in proc.output, proc.output
+    assert "Exercise 1.1: broadcast_shape (your solution)" in proc.output and "SyntaxError" in proc.output, proc.output
+    assert not re.search(r"\bcell \d+", proc.output), "JupyterLab shows no cell numbers: name the exercise"
 
 
 def test_unreadable_notebook_is_reported_not_crashed_on(edition):
@@ -303,3 +313,164 @@ def test_student_loop_for_later_modules(edition, module):
     assert proc.returncode == 0, proc.output
     assert f"module {module.number} ({module.title}) completed" in proc.output
     assert find_stubs(module.package_file(edition)) == []
+
+
+# ----------------------------------------------------------------- the student loop, hardened
+
+
+def set_setting(edition: Path, key: str, value: str) -> None:
+    ini = edition / "settings.ini"
+    text, n = re.subn(rf"(?m)^{key}\s*=.*$", f"{key} = {value}", ini.read_text())
+    assert n == 1, f"settings.ini has no {key}"
+    ini.write_text(text)
+
+
+def write_progress(edition: Path, modules: dict) -> str:
+    text = json.dumps({"schema_version": 1, "modules": modules}, indent=2) + "\n"
+    atomic_write_text(edition / ".tito" / "progress.json", text)
+    return text
+
+
+def test_failed_export_leaves_the_package_and_uncompletes_the_module(edition):
+    package = edition / "tinytorch" / "core" / "tensor.py"
+    before = package.read_bytes()
+    write_progress(edition, {"01": {"started": "2024-01-01T00:00:00", "completed": "2024-01-01T01:00:00",
+                                    "score": 16, "max_score": 16}})
+    edit_solution(edition, "tensor_broadcast_shape", "return (1, 2")
+    proc = tito(edition, "export", "01")
+    assert proc.returncode == 2, proc.output
+    assert "Exercise 1.1: broadcast_shape (your solution): SyntaxError on line" in proc.output, proc.output
+    assert "package was not changed" in proc.output and "no longer marked completed" in proc.output
+    assert package.read_bytes() == before, "a failed export must not touch the package"
+    status = tito(edition, "module", "status").output
+    assert re.search(r"01\s.*in progress", status) and "tito module complete 01" in status, status
+    assert "next: tito module start 01" not in status
+
+    # valid Python that does not import is refused too
+    nb_path = edition / "modules" / "01_tensor" / "01_tensor.ipynb"
+    shutil.copy2(nb_path.parent / ".release.ipynb", nb_path)
+    nb = nbs.read(nb_path)
+    cell = next(c for c in nb.cells if nbs.nbgrader_meta(c).get("grade_id") == "tensor_broadcast_shape")
+    cell.source = cell.source.replace("#| export\n", "#| export\nimport tinytorch_no_such_module\n", 1)
+    nbs.write(nb, nb_path)
+    proc = tito(edition, "export", "01")
+    assert proc.returncode == 2 and "does not import" in proc.output and "tinytorch_no_such_module" in proc.output, proc.output
+    assert package.read_bytes() == before
+    assert not [p for p in (edition / "tinytorch").rglob("*tito*")], "no temporary files left in the package"
+
+
+def test_infinite_loop_stops_at_the_first_cell_past_the_limit(edition):
+    set_setting(edition, "student_cell_timeout", "2")
+    edit_solution(edition, "tensor_broadcast_shape", "while True:\n        pass")
+    proc = tito(edition, "test", "01", timeout=120)
+    out = proc.output
+    assert proc.returncode == 1, out
+    assert "Exercise 1.1: broadcast_shape did not finish within 2 s" in out and "student_cell_timeout" in out, out
+    assert "not run: the run stopped at Exercise 1.1: broadcast_shape" in out
+    assert re.search(r"\[ ?\d+/\d+\] ok .*Exercise 1.1: broadcast_shape \(your solution\)", out), "progress per cell"
+    assert "package tests not run" in out
+    assert "without encryption" not in out, "the kernel's TCP warning is noise for a student"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_stops_everything_and_keeps_progress(edition, sig):
+    psutil = pytest.importorskip("psutil")
+    edit_solution(edition, "tensor_broadcast_shape", "while True:\n        pass")
+    progress = write_progress(edition, {"01": {"started": "2024-01-01T00:00:00"}})
+    env = dict(os.environ, PYTHONPATH=str(edition), MPLBACKEND="Agg", COLUMNS="200", PYTHONUNBUFFERED="1")
+    env.pop("TITO_STATE_DIR", None)
+    env.pop("TITO_ROOT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "tito.main", "module", "complete", "01"], cwd=edition, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:  # wait until the looping cell is running
+            seen.append(line)
+            if "broadcast_shape (your solution)" in line:
+                break
+        else:
+            pytest.fail("tito ended before the loop:\n" + "".join(seen))
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the kernel should be running"
+        started = time.monotonic()
+        os.kill(proc.pid, sig)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(seen) + rest
+    assert proc.returncode == 128 + sig, out
+    assert time.monotonic() - started < 15
+    assert out.count("interrupted (") == 1 and "progress was not changed" in out, out
+    assert "Traceback" not in out and "took too long" not in out and "package tests" not in rest
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, f"left behind: {[p.cmdline() for p in alive]}"
+    assert (edition / ".tito" / "progress.json").read_text() == progress
+
+
+def test_deleted_graded_cell_is_graded_as_released(edition):
+    use_reference(edition, "01_tensor")
+    nb_path = edition / "modules" / "01_tensor" / "01_tensor.ipynb"
+    nb = nbs.read(nb_path)
+    victim = next(c for c in nb.cells if nbs.is_test_cell(c) and nbs.exercise_label(c).startswith("Exercise 1.2"))
+    nb.cells.remove(victim)
+    nbs.write(nb, nb_path)
+    release = nbs.read(nb_path.parent / ".release.ipynb")
+    total = sum(float(nbs.nbgrader_meta(c)["points"]) for c in release.cells if nbs.is_test_cell(c))
+
+    # not exported yet: `tito test` exports first, so the package tests do not run on the stale stubs
+    proc = tito(edition, "test", "01", "-e", "1.1")
+    assert proc.returncode == 0, proc.output
+    assert re.search(r"graded test cell Exercise 1\.2: Tensor\.__init__ \[[\w-]+\]: the graded test cell was deleted",
+                     proc.output), proc.output
+    assert f"notebook score {total:g}/{total:g}" in proc.output and "not implemented yet" not in proc.output
+
+    proc = tito(edition, "module", "complete", "01")
+    assert proc.returncode == 0, proc.output
+    entry = json.loads((edition / ".tito" / "progress.json").read_text())["modules"]["01"]
+    assert entry["max_score"] == total, "the deleted cell's points still count"
+    assert nbs.read(nb_path).cells == nb.cells, "the student's notebook is not rewritten"
+
+
+def test_unknown_exercise_lists_the_module_exercises(student_edition):
+    proc = tito(student_edition, "test", "02", "-e", "9.9")
+    assert proc.returncode == 2, proc.output
+    assert "unknown exercise 9.9; exercises of module 02 are 2.1, 2.2" in proc.output
+
+
+def test_missing_test_tools_are_named_once_and_doctor_checks_them(student_edition):
+    blocked = ("import sys; sys.modules['pytest'] = None; sys.modules['hypothesis'] = None; "
+               "sys.argv[0] = 'tito'; from tito.main import app; app()")
+    env = dict(os.environ, PYTHONPATH=str(student_edition), COLUMNS="200")
+    env.pop("TITO_ROOT", None)
+    run = lambda *args: subprocess.run([sys.executable, "-c", blocked, *args], cwd=student_edition, env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=300)
+    proc = run("test", "01")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert out.count("pytest and hypothesis are not installed") == 1 and 'pip install -e ".[test]"' in out, out
+    proc = run("doctor")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and re.search(r"package pytest\s.*FAIL", out), out
+    assert 'pip install -e ".[test]"' in out
+
+
+def test_student_edition_documents_itself(student_edition):
+    readme = (student_edition / "README.md").read_text()
+    assert "student edition" in readme and 'pip install -e ".[test]"' in readme
+    assert "instructor edition" not in readme and "complete solutions" not in readme
+    page = json.loads((student_edition / ".jupyter" / "labconfig" / "page_config.json").read_text())
+    assert page["disabledExtensions"]["@jupyter/nbgrader:create-assignment"] is True
+    # what jupyter_server itself reads under the environment `tito module start` gives JupyterLab
+    from tito.student import student_jupyter_env
+
+    code = ("from jupyter_core.paths import jupyter_config_path\n"
+            "from jupyter_server.extension.config import ExtensionConfigManager\n"
+            "ext = ExtensionConfigManager(read_config_path=jupyter_config_path()).get_jpserver_extensions()\n"
+            "print(sorted(k for k, on in ext.items() if 'nbgrader' in k and on))\n"
+            "print(sorted(k for k, on in ext.items() if 'nbgrader' in k and not on))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=student_edition, capture_output=True, text=True,
+                          env=student_jupyter_env(student_edition, dict(os.environ)), timeout=120)
+    enabled, disabled = proc.stdout.splitlines()
+    assert enabled == "[]" and "nbgrader.server_extensions.formgrader" in disabled, proc.stdout + proc.stderr

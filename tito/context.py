@@ -1,6 +1,7 @@
 """The shared context of every `tito` command: the edition root, its settings, modules and progress."""
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from .course import (
@@ -30,7 +31,7 @@ class Ctx:
         if self._progress is None:
             self._progress = Progress.load(self.settings.state_dir)
             for w in self._progress.warnings:
-                err.print(f"[bold yellow]warning:[/] {w}")
+                err.print(f"[bold yellow]warning:[/] {escape(w)}")
             if self._progress.warnings:
                 self._progress.save()
         return self._progress

@@ -12,6 +12,9 @@ from pathlib import Path
 from .course import Settings
 
 PACKAGES = ["numpy", "matplotlib", "nbdev", "nbformat", "nbclient", "ipykernel", "nbgrader", "jupyterlab", "typer", "rich"]
+# `tito test` runs the package tests with these (the `test` extra of pyproject.toml)
+TEST_PACKAGES = ["pytest", "hypothesis"]
+INSTALL_COMMAND = 'pip install -e ".[test]"'
 
 
 def _writable(path: Path) -> tuple[bool, str]:
@@ -31,12 +34,13 @@ def run_checks(root: Path, settings: Settings) -> list[tuple[str, bool, str]]:
     ok = sys.version_info >= (3, 10)
     out.append(("python", ok, f"{sys.version.split()[0]} at {sys.executable}" if ok else
                 f"Python {sys.version.split()[0]} is too old: install Python 3.10 or newer"))
-    for name in PACKAGES:
+    for name in PACKAGES + TEST_PACKAGES:
         try:
             mod = importlib.import_module(name)
             out.append((f"package {name}", True, getattr(mod, "__version__", "installed")))
         except Exception as e:
-            out.append((f"package {name}", False, f"{type(e).__name__}: {e}: run `pip install -e .` in {root}"))
+            why = " (`tito test` needs it)" if name in TEST_PACKAGES else ""
+            out.append((f"package {name}", False, f"{type(e).__name__}: {e}{why}: run `{INSTALL_COMMAND}` in {root}"))
     try:
         import tinytorch
 
@@ -44,9 +48,9 @@ def run_checks(root: Path, settings: Settings) -> list[tuple[str, bool, str]]:
         good = where == (root / "tinytorch").resolve()
         out.append(("tinytorch", good, str(where) if good else
                     f"Python imports tinytorch from {where}, not this course's {root / 'tinytorch'}: "
-                    f"run `pip install -e .` in {root}"))
+                    f"run `{INSTALL_COMMAND}` in {root}"))
     except Exception as e:
-        out.append(("tinytorch", False, f"cannot import tinytorch ({e}): run `pip install -e .` in {root}"))
+        out.append(("tinytorch", False, f"cannot import tinytorch ({e}): run `{INSTALL_COMMAND}` in {root}"))
     try:
         from jupyter_client.kernelspec import KernelSpecManager
 

@@ -38,7 +38,12 @@ def __tito_not_implemented(shell, etype, evalue, tb, tb_offset=None):
     frame_tb = tb
     while frame_tb.tb_next is not None:
         frame_tb = frame_tb.tb_next
-    print({NOT_IMPLEMENTED_MARK!r} + frame_tb.tb_frame.f_code.co_qualname, flush=True)
+    frame, code = frame_tb.tb_frame, frame_tb.tb_frame.f_code
+    name = getattr(code, "co_qualname", None)  # Python 3.11+; on 3.10 rebuilt from `self`
+    if name is None:
+        owner = frame.f_locals.get("self")
+        name = f"{{type(owner).__qualname__}}.{{code.co_name}}" if owner is not None else code.co_name
+    print({NOT_IMPLEMENTED_MARK!r} + name, flush=True)
     shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
 get_ipython().set_custom_exc((NotImplementedError,), __tito_not_implemented)
 import matplotlib
@@ -175,6 +180,27 @@ def strip_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 # ---------------------------------------------------------------- execution and grading
 
 
+def cell_labels(nb: nbformat.NotebookNode) -> list[str]:
+    """What a person sees for each cell, since JupyterLab shows no cell numbers: a test cell's
+    exercise (`Exercise 2.1: ReLU.forward`), else the heading above the cell, with what the cell is."""
+    labels, heading, seen = [], "the notebook's first cells", {}
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                m = re.match(r"#{1,6}\s+(.*\S)", line.strip())
+                if m:
+                    heading = m.group(1).replace("`", "").strip().strip("*_")
+            labels.append(heading)
+            continue
+        if is_test_cell(cell):
+            labels.append(exercise_label(cell))
+            continue
+        kind = "your solution" if is_solution_cell(cell) else "code cell"
+        n = seen[(heading, kind)] = seen.get((heading, kind), 0) + 1
+        labels.append(f"{heading} ({kind}{f' {n}' if n > 1 else ''})")
+    return labels
+
+
 @dataclass
 class CellResult:
     index: int  # 0-based position in the notebook
@@ -187,6 +213,7 @@ class CellResult:
     evalue: str = ""
     function: str = ""  # qualified name when a stub raised NotImplementedError
     line: int | None = None
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -210,6 +237,7 @@ class Report:
     notebook: Path
     cells: list[CellResult] = field(default_factory=list)
     fatal: str = ""  # the kernel died or could not start
+    timed_out: CellResult | None = None  # the cell that ran past the per-cell limit (the run stopped there)
 
     @property
     def tests(self) -> list[CellResult]:
@@ -233,10 +261,9 @@ class Report:
         return not self.fatal and all(c.ok for c in self.tests) and not self.errors
 
 
-def _result_for(i: int, cell) -> CellResult:
+def _result_for(i: int, cell, label: str) -> CellResult:
     md = nbgrader_meta(cell)
     test = is_test_cell(cell)
-    label = exercise_label(cell) if test else (md.get("grade_id") or f"cell {i + 1}")
     res = CellResult(i, md.get("grade_id"), label, test, float(md.get("points", 0) or 0) if test else 0.0)
     for out in cell.get("outputs", []):
         if out.get("output_type") == "stream":
@@ -259,43 +286,132 @@ def _result_for(i: int, cell) -> CellResult:
     return res
 
 
+class CellTimedOut(Exception):
+    """A cell ran past the per-cell limit; the run stops there (later cells would only time out too)."""
+
+
+def _client_class():
+    from nbclient import NotebookClient
+
+    class Client(NotebookClient):
+        """nbclient without its own SIGINT/SIGTERM handling, stopping at the first timed-out cell."""
+
+        async def _async_handle_timeout(self, timeout, cell=None):
+            raise CellTimedOut(timeout)
+
+    return Client
+
+
+def _kill_kernel(client) -> None:
+    """Kill the kernel's whole process group (jupyter_client starts it in a session of its own, so
+    this also ends whatever the student's code started) and drop its connection file."""
+    from .proc import kill_group
+
+    km = getattr(client, "km", None)
+    if km is None:
+        return
+    kc = getattr(client, "kc", None)
+    if kc is not None:
+        try:
+            kc.stop_channels()
+        except Exception:  # a half-started client has nothing to stop
+            pass
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    if process is not None:
+        kill_group(process.pid)
+        try:
+            process.wait(timeout=10)
+        except Exception:  # already reaped
+            pass
+    try:
+        km.cleanup_connection_file()
+    except Exception:  # already gone
+        pass
+
+
 def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | None = None,
-            source: nbformat.NotebookNode | None = None) -> Report:
+            source: nbformat.NotebookNode | None = None, on_cell=None) -> Report:
     """Run every cell of the notebook in a fresh kernel (errors do not stop the run) and grade it.
 
     `pythonpath` is put first on the kernel's PYTHONPATH so that `import tinytorch` finds that
-    edition's package (the student's own exported code).
+    edition's package (the student's own exported code). A cell running longer than `timeout`
+    seconds stops the run: it and every later cell count as failed or not run. `on_cell(event,
+    result_or_label, position, total)` is called with "start" (a label) before and "done" (a
+    CellResult) after each code cell, for progress output. An interrupt (KeyboardInterrupt) kills
+    the kernel and propagates.
     """
-    from nbclient import NotebookClient
+    import asyncio
+    import time
+
     from nbclient.exceptions import DeadKernelError
 
     nb = copy.deepcopy(source) if source is not None else read(nb_path)
     nb = strip_outputs(nb)
+    labels = cell_labels(nb)
     setup = nbformat.v4.new_code_cell(_SETUP_CELL)
     setup.id = "tito-setup"
     nb.cells.insert(0, setup)
     env = edition_env(pythonpath) if pythonpath is not None else dict(os.environ, MPLBACKEND="Agg")
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
-    client = NotebookClient(nb, timeout=int(timeout), kernel_name="python3", allow_errors=True,
-                            interrupt_on_timeout=True, resources={"metadata": {"path": str(cwd)}})
+    client = _client_class()(nb, timeout=int(timeout), kernel_name="python3", allow_errors=True,
+                             extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                             resources={"metadata": {"path": str(cwd)}})
     report = Report(Path(nb_path))
+    code = [i for i, c in enumerate(nb.cells[1:]) if c.cell_type == "code" and c.source.strip()]
+    results: dict[int, CellResult] = {}
+
+    async def run() -> None:
+        client.km = client.create_kernel_manager()
+        await client.async_start_new_kernel(env=env, cwd=str(cwd))
+        await client.async_start_new_kernel_client()
+        await client.async_execute_cell(nb.cells[0], 0, execution_count=1)
+        for pos, i in enumerate(code, 1):
+            cell = nb.cells[i + 1]
+            if on_cell:
+                on_cell("start", labels[i], pos, len(code))
+            t0 = time.monotonic()
+            try:
+                await client.async_execute_cell(cell, i + 1, execution_count=pos + 1)
+            except CellTimedOut:
+                res = _result_for(i, cell, labels[i])
+                res.status = "failed" if res.is_test else "error"
+                res.ename, res.evalue = "Timeout", (f"stopped after {timeout:g} s: the cell did not finish "
+                                                    "(an infinite loop, or far too much work?)")
+                res.seconds = time.monotonic() - t0
+                results[i] = report.timed_out = res
+                if on_cell:
+                    on_cell("done", res, pos, len(code))
+                return
+            res = results[i] = _result_for(i, cell, labels[i])
+            res.seconds = time.monotonic() - t0
+            if on_cell:
+                on_cell("done", res, pos, len(code))
+
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda loop, context: None)  # tasks cut short by an interrupt or a dead kernel
     try:
-        client.execute(env=env, cwd=str(cwd))
+        loop.run_until_complete(run())
     except DeadKernelError as e:
         report.fatal = f"the Python kernel died while running the notebook ({e}); look for code that exits or uses all memory"
-    except Exception as e:  # kernel could not start, or similar
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # the kernel could not start, or similar
         report.fatal = f"could not run the notebook: {type(e).__name__}: {e}"
-    cells = nb.cells[1:]
+    finally:
+        _kill_kernel(client)
+        loop.close()
+
     first_failure = None
-    for i, cell in enumerate(cells):
+    for i, cell in enumerate(nb.cells[1:]):
         if cell.cell_type != "code":
             continue
-        res = _result_for(i, cell)
-        if report.fatal and cell.get("execution_count") is None and not cell.get("outputs"):
-            res.status, res.evalue = "not_run", "not run (the kernel stopped before this cell)"
-        elif res.ename == "KeyboardInterrupt":
-            res.status = "failed" if res.is_test else "error"
-            res.evalue = f"stopped after {int(timeout)} s: the cell took too long (an infinite loop?)"
+        res = results.get(i) or _result_for(i, cell, labels[i])
+        if i not in results and cell.source.strip():
+            res.status = "not_run"
+            if report.timed_out is not None:
+                res.evalue = f"not run: the run stopped at {report.timed_out.label}, which did not finish; fix it first"
+            else:
+                res.evalue = "not run (the kernel stopped before this cell)"
         elif res.ename == "NameError" and first_failure is not None and not res.function:
             res.evalue += f" (an earlier cell failed: fix {first_failure.label} first)"
         if res.status in ("error",) and first_failure is None:
@@ -307,18 +423,148 @@ def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | N
 # ---------------------------------------------------------------- export
 
 
-def export(root: Path, notebook: Path | None = None) -> subprocess.CompletedProcess:
-    """nbdev-export one notebook (or all) into `root`/tinytorch; raises CourseError on failure."""
-    code = ("import sys; from nbdev.doclinks import nbdev_export; "
-            "nbdev_export(path=sys.argv[1] if len(sys.argv) > 1 else None)")
-    args = [sys.executable, "-c", code] + ([str(notebook)] if notebook else [])
-    env = dict(os.environ)
-    env.pop("IN_TEST", None)
-    proc = subprocess.run(args, cwd=root, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise CourseError(f"nbdev could not export {notebook or 'the notebooks'}:\n{tail}")
-    return proc
+class ExportError(CourseError):
+    """An export that was refused; the package was left as it was. `modules` names what failed."""
+
+    def __init__(self, message: str, modules: list[str] = ()):
+        super().__init__(message)
+        self.modules = list(modules)
+
+
+def _nbdev_paths(root: Path) -> tuple[str, str]:
+    from .course import tomllib
+
+    try:
+        cfg = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["nbdev"]
+    except (OSError, KeyError, ValueError) as e:
+        raise CourseError(f"{root / 'pyproject.toml'} has no readable [tool.nbdev] section ({e})") from None
+    return cfg.get("lib_path", "tinytorch"), cfg.get("nbs_path", "nbs")
+
+
+def _package_of(nb_file: Path) -> str | None:
+    try:
+        nb = read(nb_file)
+    except CourseError:
+        return None
+    for cell in nb.cells:
+        m = re.search(r"^#\|\s*default_exp\s+(\S+)", cell.source, re.M)
+        if m:
+            return m.group(1)
+    return None
+
+
+def exported_cell_errors(nb_file: Path) -> list[str]:
+    """A line for each `#| export` cell of the notebook that is not valid Python, naming the cell
+    as JupyterLab shows it (its exercise or heading) and the line in the cell."""
+    import ast
+
+    nb = read(nb_file)
+    problems = []
+    for cell, label in zip(nb.cells, cell_labels(nb)):
+        if cell.cell_type != "code" or not re.search(r"^#\|\s*export", cell.source, re.M):
+            continue
+        try:
+            ast.parse(cell.source)
+        except SyntaxError as e:
+            text = (e.text or "").strip()
+            problems.append(f"{label}: {type(e).__name__} on line {e.lineno} of the cell: {e.msg}"
+                            + (f"\n    {text}" if text else ""))
+    return problems
+
+
+def export(root: Path, notebook: Path | None = None, import_timeout: float = 120) -> list[str]:
+    """nbdev-export one notebook (or all) into `root`'s package, all or nothing.
+
+    The export runs in a temporary copy of the package; every generated file must compile and every
+    exported module must import there, and only then are the changed files moved into place (each
+    with `os.replace`). Otherwise an `ExportError` says what is wrong and the package is untouched.
+    Returns the package files (relative to the package folder) that changed.
+    """
+    import shutil
+    import tempfile
+
+    from .proc import run
+
+    root = Path(root).resolve()
+    lib_rel, nbs_rel = _nbdev_paths(root)
+    lib = root / lib_rel
+    notebooks = [Path(notebook).resolve()] if notebook else sorted(
+        p for p in (root / nbs_rel).rglob("*.ipynb")
+        if not any(part.startswith(".") for part in p.relative_to(root / nbs_rel).parts))
+    for nb_file in notebooks:
+        problems = exported_cell_errors(nb_file)
+        if problems:
+            raise ExportError(f"{nb_file.name} does not export: an exported cell is not valid Python:\n  "
+                              + "\n  ".join(problems) + "\nFix it in the notebook and export again; your package "
+                              "was not changed (it still holds your last good export).",
+                              [f"{lib_rel}.{m}" for m in [_package_of(nb_file)] if m])
+    with tempfile.TemporaryDirectory(prefix="tito-export-") as tmp:
+        stage = Path(tmp)
+        shutil.copy2(root / "pyproject.toml", stage / "pyproject.toml")
+        if lib.exists():
+            shutil.copytree(lib, stage / lib_rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for nb_file in notebooks:
+            target = stage / nb_file.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(nb_file, target)
+        code = ("import sys; from nbdev.doclinks import nbdev_export; "
+                "nbdev_export(path=sys.argv[1] if len(sys.argv) > 1 else None)")
+        args = [sys.executable, "-c", code] + ([str(stage / Path(notebook).resolve().relative_to(root))] if notebook else [])
+        env = dict(os.environ)
+        env.pop("IN_TEST", None)
+        proc = run(args, cwd=stage, env=env)
+        what = Path(notebook).name if notebook else "the notebooks"
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            raise ExportError(f"nbdev could not export {what}; your package was not changed:\n{tail}",
+                              [f"{lib_rel}.{m}" for m in map(_package_of, notebooks) if m])
+
+        old, new = generated_files_bytes(lib), generated_files_bytes(stage / lib_rel)
+        changed = sorted(rel for rel, data in new.items() if old.get(rel) != data)
+        for rel in changed:
+            if not rel.endswith(".py"):
+                continue
+            try:
+                compile(new[rel], f"{lib_rel}/{rel}", "exec")
+            except SyntaxError as e:
+                mod = f"{lib_rel}.{rel[:-3].replace(os.sep, '.')}"
+                raise ExportError(
+                    f"{what} exports code that does not compile: {type(e).__name__} in {lib_rel}/{rel} line "
+                    f"{e.lineno}: {e.msg}\n  {(e.text or '').strip()}\nFix that cell in the notebook and export "
+                    f"again; your package was not changed (it still holds your last good export).", [mod]) from None
+        modules = [f"{lib_rel}.{m}" for m in map(_package_of, notebooks) if m]
+        for mod in modules:
+            check = ("import importlib, sys\nsys.path.insert(0, sys.argv[1])\nimportlib.import_module(sys.argv[2])")
+            try:
+                proc = run([sys.executable, "-c", check, str(stage), mod], cwd=stage,
+                           env=edition_env(stage), timeout=import_timeout)
+            except subprocess.TimeoutExpired:
+                raise ExportError(f"importing {mod} did not finish within {import_timeout:g} s: code outside any "
+                                  "function runs forever. Fix the notebook and export again; your package was not "
+                                  "changed.", [mod]) from None
+            if proc.returncode != 0:
+                lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+                where = next((ln.strip() for ln in reversed(lines) if ln.strip().startswith("File ")), "")
+                raise ExportError(
+                    f"{what} exports code that does not import: {lines[-1] if lines else 'no message'}"
+                    + (f"\n  at {where}" if where else "")
+                    + "\nFix the notebook and export again; your package was not changed (it still holds your "
+                    "last good export).", [mod])
+        for rel in changed:
+            target = lib / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp_file = target.with_name(f".{target.name}.tito-tmp")
+            shutil.copy2(stage / lib_rel / rel, tmp_file)
+            os.replace(tmp_file, target)
+    return changed
+
+
+def generated_files_bytes(lib: Path) -> dict[str, bytes]:
+    """Relative path -> bytes of every file under `lib` (caches excluded)."""
+    if not lib.exists():
+        return {}
+    return {str(p.relative_to(lib)): p.read_bytes() for p in sorted(lib.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
 
 
 def generated_files(lib: Path) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,32 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+ENTRY_FIELDS = {"started": str, "completed": str, "checkpoint": str, "score": (int, float),
+                "max_score": (int, float)}
+
+
+def entry_problem(key, value) -> str:
+    """Why a `modules` entry of progress.json has the wrong shape ('' when it is fine)."""
+    if not (isinstance(key, str) and len(key) == 2 and key.isdigit()):
+        return "a module number has two digits, like \"01\""
+    if not isinstance(value, dict):
+        return f"expected an object of dates and scores, got {type(value).__name__} {value!r}"[:160]
+    for name, v in value.items():
+        kind = ENTRY_FIELDS.get(name)
+        if kind is not None and (not isinstance(v, kind) or isinstance(v, bool)):
+            return f"field {name!r} is {v!r}, expected {'a date string' if kind is str else 'a number'}"[:160]
+    return ""
+
+
+def _backup_name(path: Path) -> Path:
+    backup = path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while backup.exists():
+        backup = backup.with_name(f"{backup.name}-{n}")
+        n += 1
+    return backup
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -63,12 +90,24 @@ class Progress:
         except (ValueError, UnicodeDecodeError) as e:
             problem = f"it is not valid JSON ({e})"
         if problem is None:
-            return cls(path, {str(k): v for k, v in data["modules"].items() if isinstance(v, dict)})
-        backup = path.with_name(f"{FILE_NAME}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
-        while backup.exists():
-            backup = backup.with_name(f"{backup.name}-{n}")
-            n += 1
+            modules, bad = {}, []
+            for key, value in data["modules"].items():
+                why = entry_problem(key, value)
+                if why:
+                    bad.append(f"{key!r}: {why}")
+                else:
+                    modules[key] = value
+            if not bad:
+                return cls(path, modules)
+            backup = _backup_name(path)
+            shutil.copy2(path, backup)
+            return cls(path, modules, [
+                f"progress file {path}: ignored {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} of the wrong shape "
+                f"({'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}). The original is kept as {backup}; a module "
+                f"entry looks like \"01\": {{\"started\": \"2024-01-01T10:00:00+0000\", \"completed\": ..., "
+                f"\"score\": 12, \"max_score\": 12}}. Run `tito module complete NN` to record a module again."
+            ])
+        backup = _backup_name(path)
         os.replace(path, backup)
         return cls(path, {}, [
             f"progress file {path} could not be read: {problem}. It was moved to {backup} and a new one "

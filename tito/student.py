@@ -22,6 +22,14 @@ EXCLUDE = [".git", ".git/*", ".venv/*", "*/__pycache__/*", "*.pyc", ".tito/*", "
            "*.egg-info/*", "build/*", "dist/*", ".pytest_cache/*", ".hypothesis/*", "milestones/outputs/*",
            "quarto/_book/*", "quarto/.quarto/*", "*/.ipynb_checkpoints/*", "modules/llms.txt"]
 RELEASE_COPY = ".release.ipynb"
+# The one command that installs everything `tito` needs in an edition (the test tools included).
+INSTALL_COMMAND = 'pip install -e ".[test]"'
+# nbgrader's instructor tools (create assignment, formgrader, course and assignment lists) are of no
+# use to a student and warn about a missing nbgrader_config.py: a student's JupyterLab hides them.
+JUPYTER_CONFIG = ".jupyter"
+NBGRADER_SERVER_EXTENSIONS = ["formgrader", "assignment_list", "course_list", "validate_assignment"]
+NBGRADER_LAB_PLUGINS = ["formgrader", "assignment-list", "course-list", "create-assignment", "menu",
+                        "validate-assignment"]
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -112,6 +120,9 @@ def _build(root: Path, dest: Path, log) -> None:
     nbs.export(dest)
     log("exported tinytorch/ from the release notebooks")
 
+    (dest / "README.md").write_text(student_readme(root, modules), encoding="utf-8")
+    write_jupyter_config(dest)
+
     env = edition_env(dest)
     pkgs = [m.package_module for m in modules if m.package_module]
     proc = subprocess.run([sys.executable, "-c", "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)",
@@ -147,3 +158,75 @@ def find_leaks(dest: Path, solution_lines: set[str]) -> list[tuple[str, str]]:
             if line in text:
                 leaks.append((str(p.relative_to(dest)), line))
     return leaks
+
+
+def write_jupyter_config(dest: Path) -> None:
+    """Jupyter settings for the edition's JupyterLab (see `student_jupyter_env`)."""
+    import json
+
+    cfg = dest / JUPYTER_CONFIG
+    (cfg / "labconfig").mkdir(parents=True, exist_ok=True)
+    server = {"ServerApp": {"jpserver_extensions": {f"nbgrader.server_extensions.{x}": False
+                                                    for x in NBGRADER_SERVER_EXTENSIONS}}}
+    (cfg / "jupyter_server_config.json").write_text(json.dumps(server, indent=2) + "\n", encoding="utf-8")
+    page = {"disabledExtensions": {f"@jupyter/nbgrader:{x}": True for x in NBGRADER_LAB_PLUGINS}}
+    (cfg / "labconfig" / "page_config.json").write_text(json.dumps(page, indent=2) + "\n", encoding="utf-8")
+
+
+def student_jupyter_env(root: Path, env: dict) -> dict:
+    """`env` with the edition's Jupyter settings first on JUPYTER_CONFIG_PATH (the student's own
+    ~/.jupyter still applies)."""
+    cfg = root / JUPYTER_CONFIG
+    if not cfg.is_dir():
+        return env
+    env = dict(env)
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(cfg), *filter(None, [env.get("JUPYTER_CONFIG_PATH")])])
+    return env
+
+
+def student_readme(root: Path, modules) -> str:
+    """The README of a student edition: what it is, the one install command, and the student loop."""
+    rows = "\n".join(f"| {m.number} | {m.title} | {', '.join(m.prerequisites) or '-'} |" for m in modules)
+    return f"""# TinyTorch: student edition
+
+This is your **student edition** of TinyTorch, written by `tito student init`. Each notebook in
+`modules/` holds the exercises with their solutions taken out: where a solution was, a stub says
+`# YOUR CODE HERE` and raises `NotImplementedError`. You write that code in JupyterLab; `tito`
+exports it into *your* `tinytorch` package, tests it and records your progress. The graded tests of
+each notebook are the ones your instructor's autograder runs; the hidden ones are not included.
+
+## Install (once)
+
+With Python 3.10 or newer, in this folder:
+
+```bash
+python3 -m venv .venv
+.venv/bin/{INSTALL_COMMAND}
+source .venv/bin/activate
+tito doctor
+```
+
+`{INSTALL_COMMAND}` installs the course, JupyterLab and the test tools (pytest, hypothesis) that
+`tito test` runs; `tito doctor` checks all of it and says how to fix what is missing.
+
+## Modules
+
+| # | module | prerequisites |
+|---|---|---|
+{rows}
+
+## The loop, for each module
+
+| command | what it does |
+|---|---|
+| `tito module status` | your state in each module and what to run now |
+| `tito module start 01` | checks prerequisites and opens the notebook in JupyterLab (`--no-lab` to skip) |
+| `tito test 01` | exports your notebook (only if it compiles and imports), runs its graded tests cell by cell, then the package tests on your export; `-e 1.4` runs one exercise's package tests, `-v` shows whole failures |
+| `tito module complete 01` | the same, and records the module as completed when everything passes |
+| `tito module reset 01` | backs up your notebook to `.tito/backups/` and restores the starting version |
+| `tito checkpoint 01` | everything up to module 01, used together |
+| `tito milestone list` | historic models you can run with your own package |
+
+A cell that runs longer than `student_cell_timeout` seconds (in `settings.ini`) stops the check;
+Ctrl-C stops it at once. Your progress is in `.tito/progress.json`.
+"""

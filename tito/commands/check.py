@@ -1,7 +1,9 @@
 """`tito export`, `tito test`, `tito checkpoint`: export a module and test it on the student's package."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -10,34 +12,71 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
+from tito import integrity
 from tito import notebooks as nbs
 from tito.context import Ctx
 from tito.course import CourseError, Module
+from tito.proc import run as run_child
+from tito.student import RELEASE_COPY
 from tito.ui import console, handle_errors
 
 
 def do_export(ctx: Ctx, m: Module) -> None:
+    """Export module `m` all or nothing. A module whose notebook no longer exports is not shown as
+    completed any more (its package file keeps the last good export)."""
     nbs.read(m.notebook)
-    nbs.export(ctx.root, m.notebook)
+    try:
+        nbs.export(ctx.root, m.notebook)
+    except nbs.ExportError as e:
+        if ctx.progress.is_completed(m.number):
+            ctx.progress.mark_incomplete(m.number)
+            ctx.progress.save()
+            raise nbs.ExportError(f"{e}\nModule {m.number} is no longer marked completed: run "
+                                  f"`tito module complete {m.number}` once it exports again.", e.modules) from None
+        raise
     console.print(f"exported {m.notebook.relative_to(ctx.root)} -> {m.package_module}")
-
 
 
 @handle_errors
 def export(ref: Optional[str] = typer.Argument(None, help="module number or name; all modules when omitted")):
-    """Export a module's notebook into the tinytorch package (nbdev)."""
+    """Export a module's notebook into the tinytorch package (nbdev), all or nothing."""
     ctx = Ctx()
     if ref is None:
-        nbs.export(ctx.root)
+        try:
+            nbs.export(ctx.root)
+        except nbs.ExportError as e:
+            broken = [m for m in ctx.modules if m.package_module in e.modules and ctx.progress.is_completed(m.number)]
+            for m in broken:
+                ctx.progress.mark_incomplete(m.number)
+            if broken:
+                ctx.progress.save()
+                raise nbs.ExportError(f"{e}\nNo longer marked completed: "
+                                      + ", ".join(f"module {m.number}" for m in broken), e.modules) from None
+            raise
         console.print(f"exported all {len(ctx.modules)} notebooks into tinytorch/")
     else:
         do_export(ctx, ctx.module(ref))
 
 
+TEST_TOOLS = ("pytest", "hypothesis")
+INSTALL_HINT = 'pip install -e ".[test]"'
+
+
+def require_test_tools(ctx: Ctx) -> None:
+    """The package tests need pytest and hypothesis in this Python; say how to install them."""
+    missing = [name for name in TEST_TOOLS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise CourseError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed in this "
+                          f"environment ({sys.executable}); `tito test` needs them. Install the course with its "
+                          f"test tools: cd {ctx.root} && {INSTALL_HINT}")
+
+
 def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: bool = False) -> dict:
     """Run pytest on `files` against this edition's package; returns the plugin's JSON summary."""
+    require_test_tools(ctx)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider",
@@ -46,14 +85,15 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
             cmd.append(f"--exercise={e}")
         timeout = ctx.settings.number("execution", "pytest_timeout", 900)
         try:
-            proc = subprocess.run(cmd, cwd=ctx.root, env=ctx.pythonpath_env(), capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = run_child(cmd, cwd=ctx.root, env=ctx.pythonpath_env(), timeout=timeout)
         except subprocess.TimeoutExpired:
-            return {"exitstatus": -1, "tests": [], "output": f"pytest did not finish within {timeout:.0f} s"}
+            return {"exitstatus": -1, "tests": [], "output": f"pytest did not finish within {timeout:.0f} s "
+                    "([execution] pytest_timeout in settings.ini): look for an infinite loop"}
         data = json.loads(report.read_text()) if report.exists() else {"exitstatus": proc.returncode, "tests": []}
         data["output"] = proc.stdout + proc.stderr
-        if verbose or (proc.returncode not in (0, 1, 5) and not data["tests"]):
-            console.print(data["output"])
+        if verbose:
+            console.print(data["output"], markup=False)
+            data["shown"] = True
         return data
 
 
@@ -62,20 +102,26 @@ def print_notebook_report(report: nbs.Report) -> None:
     for col in ("test", "points", "result"):
         table.add_column(col)
     for c in report.tests:
-        mark = "[green]passed[/]" if c.ok else f"[red]{c.reason()}[/]"
-        table.add_row(c.label, f"{c.points if c.ok else 0:g}/{c.points:g}", mark)
+        mark = "[green]passed[/]" if c.ok else f"[red]{escape(c.reason())}[/]"
+        table.add_row(escape(c.label), f"{c.points if c.ok else 0:g}/{c.points:g}", mark)
     console.print(table)
     for c in report.errors:
-        where = f"cell {c.index + 1}" + (f" ({c.grade_id})" if c.grade_id else "")
-        console.print(f"[red]{where} raised[/] {c.reason()}")
+        console.print(f"[red]{escape(c.label)} raised[/] {escape(c.reason())}")
     if report.fatal:
-        console.print(f"[red]{report.fatal}[/]")
+        console.print(f"[red]{escape(report.fatal)}[/]")
 
 
-def print_pytest_report(data: dict, title: str) -> bool:
+def _exercise_order(ex: str):
+    """'1.10' after '1.9'; tests without an exercise marker last."""
+    return (not ex, [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in ex.split(".")])
+
+
+def print_pytest_report(data: dict, title: str, rerun: str = "") -> bool:
+    """The package tests as a table: one row per exercise, what to fix, and how to see all of it."""
     tests = data.get("tests", [])
     if not tests:
-        console.print(f"[red]{title}: no tests ran[/]" + (f"\n{data.get('output', '')[-3000:]}" if data.get("exitstatus") else ""))
+        tail = data.get("output", "")[-3000:] if data.get("exitstatus") not in (0, 5) and not data.get("shown") else ""
+        console.print(f"[red]{title}: no tests ran[/]" + (f"\n{escape(tail)}" if tail else ""))
         return False
     by_ex: dict[tuple, list] = {}
     for t in tests:
@@ -84,39 +130,147 @@ def print_pytest_report(data: dict, title: str) -> bool:
     for col in ("exercise", "function", "passed", "what to fix"):
         table.add_column(col)
     ok = True
-    def order(item):  # "1.10" after "1.9"; tests without an exercise marker last
-        ex = item[0][0]
-        return (not ex, [(0, int(x), "") if x.isdigit() else (1, 0, x) for x in ex.split(".")], item[0][1])
-
-    for (ex, fn), ts in sorted(by_ex.items(), key=order):
+    failed_exercises = []
+    for (ex, fn), ts in sorted(by_ex.items(), key=lambda item: (_exercise_order(item[0][0]), item[0][1])):
         failed = [t for t in ts if t["outcome"] == "failed"]
+        skipped = [t for t in ts if t["outcome"] == "skipped"]
         passed = sum(t["outcome"] == "passed" for t in ts)
         ok &= not failed
+        if failed and ex:
+            failed_exercises.append(ex)
+        if not ex:  # tests not tied to one exercise: name them instead of a bare "-"
+            names = sorted({t["nodeid"].split("::")[-1].split("[")[0] for t in ts})
+            fn = ", ".join(names[:2]) + (f" (+{len(names) - 2})" if len(names) > 2 else "")
         reasons = sorted({t["reason"] for t in failed})
-        fix = "; ".join(r[:160] for r in reasons[:2]) + (" ..." if len(reasons) > 2 else "")
-        table.add_row(ex or "-", fn or "-", f"{passed}/{len(ts)}", f"[red]{fix}[/]" if failed else "[green]ok[/]")
+        fix = reasons[0][:500] + (f" (and {len(reasons) - 1} other failure{'s' if len(reasons) > 2 else ''})"
+                                   if len(reasons) > 1 else "") if reasons else ""
+        if failed:
+            cell = f"[red]{escape(fix)}[/]"
+        else:
+            cell = "[green]ok[/]"
+        if skipped:
+            why = sorted({t["reason"] for t in skipped if t["reason"]})
+            cell += f" [dim]({len(skipped)} skipped{': ' + escape(why[0][:80]) if why else ''})[/]"
+        ran = len(ts) - len(skipped)
+        table.add_row(ex or "other", escape(fn or "-"), f"{passed}/{ran}" if ran else "-", cell)
     console.print(table)
+    if not ok and rerun and not data.get("shown"):
+        example = failed_exercises[0] if failed_exercises else None
+        console.print(f"the whole failure with its traceback: [bold]{rerun}{f' -e {example}' if example else ''} -v[/]")
     return ok and data.get("exitstatus") in (0, 5)
 
 
+def notebook_exercises(nb) -> list[str]:
+    """Exercise numbers of a notebook, from its test cells' first lines (`# Exercise 2.1: ReLU.forward`)."""
+    found = []
+    for cell in nb.cells:
+        if nbs.is_test_cell(cell):
+            m = re.match(r"Exercise\s+([0-9][\w.]*?)\s*:", nbs.exercise_label(cell))
+            if m and m.group(1) not in found:
+                found.append(m.group(1))
+    return sorted(found, key=_exercise_order)
+
+
+def check_integrity(ctx: Ctx, m: Module, nb):
+    """The notebook to grade: the student's, with any deleted, edited or re-tagged graded test cell
+    put back from the release (named in a warning). The notebook file itself is not touched."""
+    pristine = m.folder / RELEASE_COPY
+    if not pristine.exists():
+        return nb
+    restored, problems = integrity.restore_graded_cells(nb, nbs.read(pristine))
+    for p in problems:
+        console.print(f"[bold yellow]warning:[/] graded test cell {escape(p.label)} \\[{p.grade_id}]: {escape(p.detail)}. "
+                      f"It is graded as released; to put it back in your notebook copy it from "
+                      f"{pristine.relative_to(ctx.root)} (open it in JupyterLab)")
+    return restored
+
+
+def student_cell_timeout(ctx: Ctx) -> float:
+    return ctx.settings.number("execution", "student_cell_timeout", 60)
+
+
+class CellProgress:
+    """One line per graded cell, failure and slow cell while the notebook runs; in a terminal, a
+    spinner names the cell that is running and its time limit."""
+
+    def __init__(self, timeout: float):
+        self.timeout, self.status = timeout, None
+
+    def __call__(self, event, item, pos, total):
+        if event == "start":
+            if console.is_terminal:
+                text = f"\\[{pos}/{total}] running {escape(item)} (at most {self.timeout:g} s per cell)"
+                if self.status is None:
+                    self.status = console.status(text)
+                    self.status.start()
+                else:
+                    self.status.update(text)
+            return
+        res = item
+        if not (res.is_test or not res.ok or res.seconds >= 2 or "(your solution" in res.label):
+            return
+        mark = "[green]ok  [/]" if res.ok else "[red]FAIL[/]"
+        line = f"  \\[{pos:>2}/{total}] {mark} {res.seconds:5.1f} s  {escape(res.label)}"
+        if not res.ok:
+            line += f": {escape(res.reason()[:160])}"
+        console.print(line)
+
+    def close(self):
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
 def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = False) -> tuple[bool, nbs.Report | None]:
-    pkg = m.package_file(ctx.root)
-    if pkg and pkg.exists() and m.notebook.exists() and m.notebook.stat().st_mtime > pkg.stat().st_mtime + 1:
-        console.print(f"[yellow]note:[/] {m.notebook.name} changed after the last export; the package tests run "
-                      f"on your last export (`tito export {m.number}` updates it)")
-    console.print(f"[bold]Module {m.number} ({m.title})[/]: running the notebook's graded tests...")
-    report = nbs.execute(m.notebook, cwd=m.folder, pythonpath=ctx.root,
-                         timeout=ctx.settings.number("execution", "cell_timeout", 300))
-    print_notebook_report(report)
+    """Export (all or nothing), run the notebook's graded tests, then the package tests on the export."""
+    nb = nbs.read(m.notebook)
+    known = notebook_exercises(nbs.read(m.folder / RELEASE_COPY) if (m.folder / RELEASE_COPY).exists() else nb)
+    unknown = [e for e in exercises if known and e not in known]
+    if unknown:
+        raise CourseError(f"unknown exercise {', '.join(unknown)}; exercises of module {m.number} are "
+                          f"{', '.join(known)}")
     suite = ctx.root / "tests" / "modules" / f"test_{m.slug}.py"
-    pytest_ok = True
     if suite.exists():
+        require_test_tools(ctx)
+    export_ok = True
+    try:
+        do_export(ctx, m)
+    except nbs.ExportError as e:
+        export_ok = False
+        console.print(f"[bold red]export refused:[/] {escape(str(e))}")
+    nb = check_integrity(ctx, m, nb)
+    timeout = student_cell_timeout(ctx)
+    console.print(f"[bold]Module {m.number} ({m.title})[/]: running the notebook's graded tests "
+                  f"(at most {timeout:g} s per cell)...")
+    progress = CellProgress(timeout)
+    try:
+        report = nbs.execute(m.notebook, cwd=m.folder, pythonpath=ctx.root, timeout=timeout, source=nb,
+                             on_cell=progress)
+    finally:
+        progress.close()
+    if report.timed_out is not None:
+        console.print(f"[bold red]stopped:[/] {escape(report.timed_out.label)} did not finish within {timeout:g} s "
+                      "(the per-cell limit, \\[execution] student_cell_timeout in settings.ini); the cells after it "
+                      "were not run")
+    print_notebook_report(report)
+    pytest_ok = True
+    if not suite.exists():
+        console.print(f"[yellow]no package tests at {suite.relative_to(ctx.root)}[/]")
+    elif not export_ok:
+        pytest_ok = False
+        console.print(f"[red]package tests not run: your notebook does not export (see above), so "
+                      f"{m.package_module} still holds your last good export[/]")
+    elif report.timed_out is not None:
+        pytest_ok = False
+        console.print(f"[red]package tests not run: fix {escape(report.timed_out.label)} first[/]")
+    else:
         console.print(f"running {suite.relative_to(ctx.root)} on your exported package...")
         data = run_pytest(ctx, [suite], exercises, verbose)
-        pytest_ok = print_pytest_report(data, f"package tests: {m.package_module}")
-    else:
-        console.print(f"[yellow]no package tests at {suite.relative_to(ctx.root)}[/]")
-    ok = report.passed and pytest_ok
+        if exercises and not data.get("tests") and data.get("exercises"):
+            raise CourseError(f"unknown exercise {', '.join(exercises)}; the package tests of module {m.number} "
+                              f"cover exercises {', '.join(data['exercises'])}")
+        pytest_ok = print_pytest_report(data, f"package tests: {m.package_module}", rerun=f"tito test {m.number}")
+    ok = report.passed and pytest_ok and export_ok
     console.print(f"notebook score {report.score:g}/{report.max_score:g}; "
                   + ("[bold green]all tests passed[/]" if ok else "[bold red]some tests failed[/]"))
     return ok, report
@@ -126,7 +280,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
 def test(ref: str = typer.Argument(..., help="module number or name"),
          exercise: list[str] = typer.Option([], "--exercise", "-e", help="only the package tests of this exercise (e.g. 1.4)"),
          verbose: bool = typer.Option(False, "--verbose", "-v", help="show pytest's full output")):
-    """Run a module's graded notebook tests and its pytest suite on your exported package."""
+    """Export your notebook, run its graded tests, then the module's pytest suite on your exported package."""
     ctx = Ctx()
     ok, _ = test_module(ctx, ctx.module(ref), exercise, verbose)
     raise typer.Exit(0 if ok else 1)

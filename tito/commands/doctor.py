@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tito.context import Ctx
@@ -19,7 +20,7 @@ def doctor():
     for col in ("check", "status", "detail / fix"):
         table.add_column(col)
     for name, ok, detail in results:
-        table.add_row(name, "[green]ok[/]" if ok else "[red]FAIL[/]", detail)
+        table.add_row(name, "[green]ok[/]" if ok else "[red]FAIL[/]", escape(detail))
     console.print(table)
     raise typer.Exit(0 if all(ok for _, ok, _ in results) else 1)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -11,9 +12,10 @@ import typer
 
 from tito import milestones
 from tito import notebooks as nbs
-from tito.commands.check import do_export, test_module
+from tito.commands.check import test_module
 from tito.context import Ctx, modules_table
 from tito.course import CourseError
+from tito.student import student_jupyter_env
 from tito.ui import console, handle_errors
 
 app = typer.Typer(help="The student loop: list, start, complete and reset modules.", no_args_is_help=True)
@@ -37,7 +39,12 @@ def module_status():
     console.print(f"completed {len(done)} of {len(ctx.modules)} modules "
                   f"(progress file: {ctx.progress.path})")
     nxt = next((m for m in ctx.modules if ctx.state(m) in ("in progress", "ready")), None)
-    if nxt:
+    if nxt and ctx.state(nxt) == "in progress":
+        console.print(f"now: module {nxt.number} ({nxt.title}) is in progress: work in "
+                      f"{nxt.notebook.relative_to(ctx.root)} (`tito module start {nxt.number}` opens it), check it "
+                      f"with [bold]tito test {nxt.number}[/], then record it with "
+                      f"[bold]tito module complete {nxt.number}[/]")
+    elif nxt:
         console.print(f"next: [bold]tito module start {nxt.number}[/] ({nxt.title})")
 
 
@@ -77,7 +84,12 @@ def module_start(ref: str = typer.Argument(..., help="module number or name, e.g
                f"--LabApp.default_url=/lab/tree/{rel}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")  # containers often run as root; JupyterLab refuses otherwise
-        raise typer.Exit(subprocess.call(cmd, cwd=ctx.root, env=ctx.pythonpath_env()))
+        env = ctx.pythonpath_env()
+        if ctx.is_student:  # a student's JupyterLab without nbgrader's instructor tools (see student_jupyter_env)
+            env = student_jupyter_env(ctx.root, env)
+        # Ctrl-C belongs to JupyterLab here (it asks before shutting down); tito just waits for it.
+        signal.signal(signal.SIGINT, lambda signum, frame: None)  # not SIG_IGN: JupyterLab would inherit that
+        raise typer.Exit(subprocess.call(cmd, cwd=ctx.root, env=env))
 
 
 @app.command("reset")
@@ -123,7 +135,6 @@ def module_complete(ref: str = typer.Argument(..., help="module number or name")
     ctx = Ctx()
     m = ctx.module(ref)
     before = {x.number: ctx.state(x) for x in ctx.modules}
-    do_export(ctx, m)
     ok, report = test_module(ctx, m)
     if not ok:
         console.print(f"module {m.number} is not complete yet: fix what the tables above name, then run "
