@@ -11,10 +11,7 @@ import configparser
 import json
 import os
 import re
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a dependency there)
-    import tomli as tomllib
+import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path

@@ -31,9 +31,9 @@ def _writable(path: Path) -> tuple[bool, str]:
 
 def run_checks(root: Path, settings: Settings) -> list[tuple[str, bool, str]]:
     out = []
-    ok = sys.version_info >= (3, 10)
+    ok = sys.version_info >= (3, 11)
     out.append(("python", ok, f"{sys.version.split()[0]} at {sys.executable}" if ok else
-                f"Python {sys.version.split()[0]} is too old: install Python 3.10 or newer"))
+                f"Python {sys.version.split()[0]} is too old: install Python 3.11 or newer"))
     for name in PACKAGES + TEST_PACKAGES:
         try:
             mod = importlib.import_module(name)

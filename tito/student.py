@@ -197,7 +197,7 @@ each notebook are the ones your instructor's autograder runs; the hidden ones ar
 
 ## Install (once)
 
-With Python 3.10 or newer, in this folder:
+With Python 3.11 or newer, in this folder:
 
 ```bash
 python3 -m venv .venv
