@@ -143,7 +143,8 @@ def module_complete(ref: str = typer.Argument(..., help="module number or name")
     ctx.progress.mark_completed(m.number, report.score, report.max_score)
     ctx.progress.save()
     console.print(f"[bold green]module {m.number} ({m.title}) completed[/]")
-    unlocked = [x for x in ctx.modules if before[x.number] == "locked" and ctx.state(x) != "locked"]
+    unlocked = [x for x in ctx.modules
+                if x.number != m.number and before[x.number] == "locked" and ctx.state(x) != "locked"]
     for x in unlocked:
         console.print(f"unlocked: module {x.number} ({x.title}): `tito module start {x.number}`")
     for ms in milestones.discover(ctx.root):
