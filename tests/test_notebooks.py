@@ -262,10 +262,10 @@ def test_student_init_warns_about_a_docstring_that_spells_out_the_solution():
 def test_a_solution_line_that_another_module_gives_is_not_a_leak():
     import nbformat
 
-    secret, shared = "secret_value = compute_the_answer(x, y)", "axes = axis if isinstance(axis, tuple) else (axis,)"
+    secret, shared = "secret_value = compute_the_answer(x, y)", "shared_value = the_same_line_in_two_notebooks(axis)"
     solution = _solution_cell('"""Contract."""', solution=f"\n        ### BEGIN SOLUTION\n        {secret}\n        {shared}\n"
                               "        ### END SOLUTION\n")
-    given = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"def helper(axis):\n    {shared}\n    return axes")])
+    given = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"def helper(axis):\n    {shared}\n    return shared_value")])
     assert {secret, shared} <= nbs.solution_only_lines(solution)
     lines = nbs.course_solution_lines([solution, given])
     assert secret in lines and shared not in lines, lines

@@ -75,7 +75,8 @@ def torch_model(torch):
             x = self.tok(idx) + self.pos[: idx.shape[1]]
             for b in self.blocks:
                 x = b(x, self.mask)
-            return self.head(self.ln_f(x))
+            x = self.ln_f(x)
+            return self.head(x)
 
     return Net()
 

@@ -110,8 +110,8 @@ def save_checkpoint(path, model, opt):
               "positions": sorted(sd["state"])}
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, **arrays)
+    with open(fd, "wb", closefd=True) as out:
+        np.savez(out, **arrays)
     os.replace(tmp, path)
 
 
