@@ -504,20 +504,31 @@ RESUME_SCRIPT = textwrap.dedent('''
     from tinytorch.core.training import CosineAnnealingLR, Trainer
     from tinytorch.data.loader import DataLoader, TensorDataset, load_digits
 
-    mode, epochs, ckpt, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    ds = load_digits("train")
-    data = TensorDataset((ds.tensors[0].data[:300] / 16.0).astype(np.float32), ds.tensors[1].data[:300])
-    model = Sequential(Linear(64, 32, rng=0), ReLU(), Dropout(0.2, seed=1), Linear(32, 10, rng=2))
-    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
-    loader = DataLoader(data, batch_size=32, shuffle=True, seed=7)
-    trainer = Trainer(model, CrossEntropyLoss(), opt, scheduler=CosineAnnealingLR(opt, T_max=4),
-                      max_grad_norm=2.0, progress=False)
-    if mode == "resume":
-        trainer.load_checkpoint(ckpt, loader)
-    trainer.fit(loader, epochs)
-    if mode == "save":
-        trainer.save_checkpoint(ckpt, loader)
-    np.savez(out, *[p.data for p in model.parameters()], history=np.array([r["epoch"] for r in trainer.history]))
+    def main():
+        mode, epochs, ckpt, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+        ds = load_digits("train")
+        data = TensorDataset((ds.tensors[0].data[:300] / 16.0).astype(np.float32), ds.tensors[1].data[:300])
+        model = Sequential(Linear(64, 32, rng=0), ReLU(), Dropout(0.2, seed=1), Linear(32, 10, rng=2))
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+        loader = DataLoader(data, batch_size=32, shuffle=True, seed=7)
+        trainer = Trainer(model, CrossEntropyLoss(), opt, scheduler=CosineAnnealingLR(opt, T_max=4),
+                          max_grad_norm=2.0, progress=False)
+        if mode == "resume":
+            trainer.load_checkpoint(ckpt, loader)
+        trainer.fit(loader, epochs)
+        if mode == "save":
+            trainer.save_checkpoint(ckpt, loader)
+        np.savez(out, *[p.data for p in model.parameters()], history=np.array([r["epoch"] for r in trainer.history]))
+
+
+    try:
+        main()
+    except NotImplementedError as e:  # a stub: name it, as tito does, instead of a traceback
+        tb = e.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        print("NOT_IMPLEMENTED " + tb.tb_frame.f_code.co_qualname, file=sys.stderr)
+        sys.exit(3)
 ''')
 
 
@@ -532,6 +543,9 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path, python_env):
         proc = subprocess.run([sys.executable, str(script), *map(str, args)], env=python_env, capture_output=True,
                               text=True, timeout=300)
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+        if proc.returncode == 3 and last.startswith("NOT_IMPLEMENTED "):
+            pytest.fail(f"not implemented yet: {last.split()[1]} (in the training script run as a new process)",
+                        pytrace=False)
         assert proc.returncode == 0, f"the training script failed in a new process: {last}\n{proc.stderr[-3000:]}"
 
     run("straight", 4, ckpt, tmp_path / "straight.npz")
