@@ -72,14 +72,18 @@ def run(job: dict) -> dict:
                MPLBACKEND="module://matplotlib_inline.backend_inline",  # figures embedded as PNG outputs
                MPLCONFIGDIR=str(home / ".matplotlib"), PYDEVD_DISABLE_FILE_VALIDATION="1",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               NBGRADER_EXECUTION="autograde", JUPYTER_RUNTIME_DIR=str(home / "runtime"))
+               MALLOC_ARENA_MAX="2", NBGRADER_EXECUTION="autograde", JUPYTER_RUNTIME_DIR=str(home / "runtime"))
 
     status, reason = "ok", ""
     executed: set[int] = set()
+    stopped: set[int] = set()  # cells stopped at their time limit
 
     def on_executed(cell, cell_index, execute_reply):  # nbgrader's Execute does the same
         executed.add(cell_index)
         content = execute_reply.get("content", {}) if execute_reply else {}
+        if content.get("ename") == "TimeoutError" or any(
+                o.get("output_type") == "error" and o.get("ename") == "KeyboardInterrupt" for o in cell.outputs):
+            stopped.add(cell_index)
         if content.get("status") == "error" and not any(o.get("output_type") == "error" for o in cell.outputs):
             cell.outputs.append(_error_output(content.get("ename", "Error"), content.get("evalue", "")))
 
@@ -97,15 +101,13 @@ def run(job: dict) -> dict:
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 1:
-                    status, reason = "timed out", f"the notebook ran past its limit of {job['deadline_s']:g} s"
+                    first = f" ({reason})" if reason else ""
+                    status, reason = "timed out", f"the notebook ran past its limit of {job['deadline_s']:g} s{first}"
                     break
                 client.timeout = int(max(1, min(cell_timeout, remaining)))
                 client.execute_cell(cell, i)
-                if any(o.get("output_type") == "error" and o.get("ename") == "TimeoutError" for o in cell.outputs):
-                    limit = client.timeout
-                    status, reason = "timed out", f"cell {i + 1} was stopped after {limit} s"
-                    if time.monotonic() >= deadline - 1:
-                        break
+                if i in stopped and not reason:
+                    status, reason = "timed out", f"cell {i + 1} was stopped after {client.timeout} s"
     except DeadKernelError as e:
         status, reason = "kernel died", f"the kernel died ({e or 'it exited or ran out of memory'})"
     except Exception as e:  # the kernel could not start, or similar: reported, never hidden

@@ -521,7 +521,10 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
     try:
         nb = nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
     except Exception as e:  # broken JSON, wrong nbformat: several exception types
-        raise _Fail(job, f"the notebook cannot be read: {type(e).__name__}: {e}") from None
+        job.log.append(f"reading {path} failed: {type(e).__name__}: {e}")
+        first = str(e).splitlines()[0][:120] if str(e) else ""
+        raise _Fail(job, f"the notebook cannot be read ({type(e).__name__}: {first}); "
+                         "ask the student for an intact copy") from None
     # a test cell that still holds the hidden tests (the instructor's own version) is not tampered with:
     # compare without them; nbgrader's OverwriteCells puts them back from the gradebook anyway
     nb, _ = ClearHiddenTests(enforce_metadata=False).preprocess(nb, {})
@@ -861,7 +864,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         shutil.rmtree(scratch, ignore_errors=True)
-    outcomes = {s: results[s] for s in all_students if s in results}
+    outcomes = {s: results[s] for s in wanted if s in results}
     for s in interrupted:
         if s not in outcomes:
             outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
