@@ -264,6 +264,14 @@ def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
     res = results(course, module.slug)
     assert sorted(res) == sorted(kinds) and res["stubborn"]["status"] == "timed out"
 
+    # a re-submission after grading: feedback refuses to report on the old grading
+    resubmit = write_class(tmp_path / "again", {"correct_01_tensor.ipynb": make_class(module, ["stub"])["stub_01_tensor.ipynb"]})
+    assert tito(course, "nbgrader", "collect", "01", str(resubmit)).returncode == 0
+    proc = tito(course, "nbgrader", "feedback", "01")
+    assert proc.returncode == 1 and re.search(r"correct:.*changed after it was graded", proc.output), proc.output
+    assert not list((course / "nbgrader" / "feedback" / "correct").glob("*/*.html"))
+    assert "stub: nbgrader/feedback/stub/01_tensor/01_tensor.html" in proc.output, proc.output
+
 
 # ------------------------------------------------------------------ isolation
 

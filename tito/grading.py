@@ -475,6 +475,20 @@ def _fingerprint(sub_dir: Path, release_bytes: bytes, salt: str) -> str:
     return h.hexdigest()
 
 
+def _salt(g: GradingSettings) -> str:
+    return f"{ENGINE_VERSION}|{g.notebook_timeout}|{g.cell_timeout}|{g.memory_gb}"
+
+
+def is_current(settings: Settings, module: Module, outcome: Outcome) -> bool:
+    """Whether `outcome` was graded from the submission and release now on disk."""
+    sub_dir = settings.nbgrader_root / "submitted" / outcome.student / module.slug
+    release = release_path(settings, module)
+    if not sub_dir.is_dir() or not release.exists():
+        return False
+    salt = _salt(GradingSettings.load(settings))
+    return outcome.fingerprint == _fingerprint(sub_dir, release.read_bytes(), salt)
+
+
 def _read_timestamp(sub_dir: Path):
     from nbgrader.utils import parse_utc
 
@@ -746,7 +760,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     release_file = ensure_released(settings, module)
     release_bytes = release_file.read_bytes()
     release = nbformat.reads(release_bytes.decode("utf-8"), as_version=4)
-    salt = f"{ENGINE_VERSION}|{g.notebook_timeout}|{g.cell_timeout}|{g.memory_gb}"
+    salt = _salt(g)
     results = load_results(settings, module)
     wanted = students or all_students
     todo, unchanged = [], []
@@ -822,6 +836,9 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 reason = f"the grading process exited with code {r.proc.returncode} without a result"
                 if r.proc.returncode in (-9, 137) or "MemoryError" in err_text:
                     reason += " (killed: out of memory?)"
+                last = [ln for ln in err_text.strip().splitlines() if ln.strip()][-1:]
+                if last:
+                    reason += f": {last[0][:200]}"
                 r.job.log.append("worker stderr:\n" + err_text)
                 outcome = fail(settings, module, r.job, reason)
             else:
@@ -902,7 +919,7 @@ def _failure_page(module: Module, outcome: Outcome) -> str:
             "Your instructor has been told and will look at it; you may be asked to submit again.</p></body></html>\n")
 
 
-def feedback(settings: Settings, module: Module, student: str | None = None) -> list[tuple[str, Path, str]]:
+def feedback(settings: Settings, module: Module, student: str | None = None) -> list[tuple[str, Path | None, str]]:
     """HTML feedback for every graded submission of `module` (a page saying why for failed ones).
 
     Returns (student, file, status) for the submissions in the latest results, nothing else on disk.
@@ -915,20 +932,33 @@ def feedback(settings: Settings, module: Module, student: str | None = None) -> 
         results = {student: results[student]}
     if not results:
         raise CourseError(f"nothing autograded yet for {module.slug}: run `tito nbgrader autograde {module.number}`")
+    stale = {s for s, o in results.items() if not is_current(settings, module, o)}
     executed = [s for s, o in results.items()
                 if (settings.nbgrader_root / "autograded" / s / module.slug / module.notebook.name).exists()
-                and o.status != FAILED]
+                and o.status != FAILED and s not in stale]
+    nbgrader_error = ""
     if executed:
         args = ["generate_feedback", module.slug, "--force"] + ([f"--student={student}"] if student else [])
-        run_nbgrader(settings, *args)
+        try:
+            run_nbgrader(settings, *args)
+        except CourseError as e:  # nbgrader goes on after a bad notebook; say which pages are missing below
+            nbgrader_error = str(e)
     out = []
     for s, o in sorted(results.items()):
         page = settings.nbgrader_root / "feedback" / s / module.slug / f"{module.notebook.stem}.html"
+        if s in stale:  # re-submitted (or an interrupted re-grade): no feedback on the old grading
+            page.unlink(missing_ok=True)
+            out.append((s, None, f"not written: the submission changed after it was graded; "
+                                 f"run `tito nbgrader autograde {module.number}` first"))
+            continue
         if s not in executed:
             page.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(page, _failure_page(module, o))
         if page.exists():
             out.append((s, page, o.label))
+        else:
+            out.append((s, None, f"nbgrader wrote no feedback page ({page} is missing)"
+                                 + (f": {nbgrader_error}" if nbgrader_error else "")))
     return out
 
 

@@ -34,7 +34,8 @@ _NS_SCRIPT = r"""
 set -e
 uid="$1"; gid="$2"; tmpsize="$3"; shift 3
 while [ "$1" != "--" ]; do
-  if [ -e "$1" ]; then mount -t tmpfs -o ro,size=4k,mode=000 tinytorch-hidden "$1"; fi
+  if [ -d "$1" ]; then mount -t tmpfs -o ro,size=4k,mode=000 tinytorch-hidden "$1";
+  elif [ -e "$1" ]; then mount --bind /dev/null "$1"; fi
   shift
 done
 shift

@@ -177,8 +177,15 @@ def nb_feedback(ref: str = typer.Argument(..., help="module number or name"),
     ctx = Ctx()
     _instructor(ctx)
     m = ctx.module(ref)
+    missing = []
     for s, page, label in grading.feedback(ctx.settings, m, student):
-        console.print(f"{s}: {_rel(ctx, page)}  ({escape(label)})")
+        if page is None:
+            missing.append(s)
+            err.print(f"[yellow]{s}:[/] {escape(label)}")
+        else:
+            console.print(f"{s}: {_rel(ctx, page)}  ({escape(label)})")
+    if missing:
+        raise typer.Exit(1)
 
 
 @app.command("export")
