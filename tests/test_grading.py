@@ -410,6 +410,9 @@ def test_collect_folder_of_editions_and_a_map(course, tmp_path):
     inbox = tmp_path / "inbox"
     (inbox / "bob" / "modules" / module.slug).mkdir(parents=True)
     (inbox / "bob" / "modules" / module.slug / module.notebook.name).write_text(text)
+    (inbox / "carol").mkdir()  # nbgrader's own layout: the notebook and its timestamp.txt
+    (inbox / "carol" / module.notebook.name).write_text(text)
+    (inbox / "carol" / "timestamp.txt").write_text("2024-01-02 03:04:05.000000 UTC")
     (inbox / "Jane Doe_123_assignsubmission_file_01_tensor.ipynb").write_text(text)
     (inbox / "notes.txt").write_text("not a submission")
     mapping = tmp_path / "map.csv"
@@ -417,4 +420,6 @@ def test_collect_folder_of_editions_and_a_map(course, tmp_path):
     proc = tito(course, "nbgrader", "collect", "01", str(inbox), "--map", str(mapping))
     assert proc.returncode == 1, proc.output  # notes.txt is reported
     assert "notes.txt" in proc.output and "not a notebook" in proc.output
-    assert sorted(p.name for p in (course / "nbgrader" / "submitted").iterdir()) == ["bob", "jdoe"]
+    submitted = course / "nbgrader" / "submitted"
+    assert sorted(p.name for p in submitted.iterdir()) == ["bob", "carol", "jdoe"]
+    assert (submitted / "carol" / module.slug / "timestamp.txt").read_text().startswith("2024-01-02 03:04:05")

@@ -93,7 +93,8 @@ def run(job: dict) -> dict:
                                               "evalue": "the cell ran past its time limit and was stopped",
                                               "traceback": ["TimeoutError: the cell ran past its time limit"]},
                             resources={"metadata": {"path": str(run_dir)}}, on_cell_executed=on_executed,
-                            extra_arguments=["--HistoryManager.hist_file=:memory:"])
+                            extra_arguments=["--HistoryManager.hist_file=:memory:"],
+                            shutdown_kernel="immediate")  # the results are in hand: no graceful wait
     try:
         with client.setup_kernel(env=env, cwd=str(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
             for i, cell in enumerate(nb.cells):

@@ -341,7 +341,8 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
         try:
             data = nb.read_bytes()
             _check_notebook_text(data.decode("utf-8", errors="replace"), src)
-            path = _store(settings, module, student, data, nb.stat().st_mtime)
+            when = _read_timestamp(nb.parent) if (nb.parent / "timestamp.txt").exists() else None  # nbgrader's format
+            path = _store(settings, module, student, data, _epoch(when) if when else nb.stat().st_mtime)
             results.append(Collected(student, src, path))
         except CourseError as e:
             results.append(Collected(student, src, error=str(e)))
@@ -487,6 +488,11 @@ def is_current(settings: Settings, module: Module, outcome: Outcome) -> bool:
         return False
     salt = _salt(GradingSettings.load(settings))
     return outcome.fingerprint == _fingerprint(sub_dir, release.read_bytes(), salt)
+
+
+def _epoch(when: dt.datetime) -> float:
+    """nbgrader's timestamps are naive UTC datetimes."""
+    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 def _read_timestamp(sub_dir: Path):
@@ -862,6 +868,10 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 except _Fail as f:
                     record(fail(settings, module, f.job, f.reason), f.job)
                     continue
+                except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on
+                    job = Job(s, "")
+                    record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}"), job)
+                    continue
                 launch(job)
             time.sleep(0.05)
             now = time.monotonic()
@@ -882,9 +892,8 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             signal.signal(sig, h)
         shutil.rmtree(scratch, ignore_errors=True)
     outcomes = {s: results[s] for s in wanted if s in results}
-    for s in interrupted:
-        if s not in outcomes:
-            outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
+    for s in interrupted:  # its previous result (if any) stays on disk, but it was not graded now
+        outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
     report = RunReport(module, outcomes, graded_now, unchanged, interrupted, results_path(settings, module),
                        box.mode, box.notes + [box.describe()])
     if stop:
