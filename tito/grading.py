@@ -857,8 +857,9 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
         record(outcome, r.job)
 
     try:
-        for note in box.notes:
-            if on_event:
+        if on_event:
+            on_event("start", None, 0, total)
+            for note in box.notes:
                 on_event(note, None, 0, total)
         while (queue or running) and not stop:
             while queue and len(running) < nworkers and not stop:

@@ -121,6 +121,10 @@ def nb_autograde(ref: str = typer.Argument(..., help="module number or name"),
     attention = [0]
 
     def on_event(kind, outcome, done, total):
+        if kind == "start":
+            if progress is not None:
+                progress.update(task, total=total)
+            return
         if outcome is None:
             err.print(f"[yellow]note:[/] {escape(kind)}")
             return
