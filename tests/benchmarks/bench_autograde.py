@@ -26,6 +26,13 @@ from tito.course import Settings, get_module  # noqa: E402
 from tito.student import tracked_files  # noqa: E402
 
 
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--students", type=int, default=20)
@@ -49,11 +56,13 @@ def main() -> int:
             (inbox / f"student{i:03d}_{module.slug}.ipynb").write_text(text)
         grading.collect_folder(settings, module, inbox)
 
-        times = {}
+        times, cpu = {}, {}
         for label, workers in (("serial (1 worker)", 1), (f"parallel ({args.workers} workers)", args.workers)):
-            t0 = time.perf_counter()
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+            t0, p0, c0 = time.perf_counter(), time.process_time(), _children_cpu()
             report = grading.autograde(settings, module, force=True, workers=workers)
             times[label] = time.perf_counter() - t0
+            cpu[label] = (time.process_time() - p0, _children_cpu() - c0, load)
             bad = [o for o in report.outcomes.values() if o.status != "graded" or o.score != o.max_score]
             if bad:
                 print(f"unexpected results: {bad}")
@@ -61,9 +70,12 @@ def main() -> int:
         print(f"autograde {args.students} correct {module.slug} notebooks on {os.cpu_count()} cores, "
               f"sandbox: {report.sandbox}")
         for label, t in times.items():
-            print(f"  {label:<24} {t:7.1f} s   {t / args.students:5.2f} s per notebook")
+            parent, children, load = cpu[label]
+            print(f"  {label:<24} {t:7.1f} s   {t / args.students:5.2f} s per notebook   CPU: tito {parent:5.1f} s, "
+                  f"workers and kernels {children:6.1f} s   (load average before: {load:.1f})")
         serial, parallel = times.values()
         print(f"  speedup (serial / parallel): {serial / parallel:.2f}x")
+        print("  (other processes on the machine take their share of the cores: compare with the load average)")
     return 0
 
 
