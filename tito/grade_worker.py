@@ -35,6 +35,7 @@ def _set_parent_death_signal() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: the student's kernel (same user) cannot ptrace this process
     except OSError:
         return
 

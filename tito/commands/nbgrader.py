@@ -154,7 +154,8 @@ def nb_autograde(ref: str = typer.Argument(..., help="module number or name"),
     counts: dict[str, int] = {}
     for o in report.outcomes.values():
         counts[o.status] = counts.get(o.status, 0) + 1
-    console.print(f"{len(report.outcomes)} submissions: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    n = len(report.outcomes)
+    console.print(f"{n} submission{'s' if n != 1 else ''}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                   + f" ({len(report.graded_now)} graded now, {len(report.unchanged)} unchanged since the last run"
                   + (", --force re-grades them" if report.unchanged else "") + ")")
     console.print(f"results: {_rel(ctx, report.results_file)}; each submission's full story: "
