@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -250,6 +251,7 @@ def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
     time.sleep(1.5)
     alive = [p for p in tree if Path(f"/proc/{p}").exists()]
     assert not alive, f"processes left running after the interrupt: {alive}"
+    assert not list(Path(tempfile.gettempdir()).glob("tito-stubborn-*")), "the killed worker's folder is left"
 
     res = results(course, module.slug)
     assert "correct" in res and "stubborn" not in res

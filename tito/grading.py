@@ -888,6 +888,8 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
         interrupted = [r.job.student for r in running] + list(queue) if stop or running else []
         for r in running:
             kill_tree(r.proc)
+            if box.mode == "none":
+                shutil.rmtree(r.workdir, ignore_errors=True)
         running.clear()
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
