@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from simulated_class import KINDS, first_test_points, make_class
+from tests.simulated_class import KINDS, first_test_points, make_class
 from tito import notebooks as nbs
 from tito.course import CODE_STUB, Settings, load_modules
 from tito.grading import _descendants

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from simulated_class import make_class  # noqa: E402
+from tests.simulated_class import make_class  # noqa: E402
 from tito import grading  # noqa: E402
 from tito.course import Settings, get_module  # noqa: E402
 from tito.student import tracked_files  # noqa: E402
