@@ -1,6 +1,7 @@
 """`tito nbgrader`: the instructor loop on nbgrader (offline, no server)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -53,7 +54,7 @@ def nb_config():
     out = grading.write_config(ctx.settings)
     folder = _rel(ctx, out.parent)
     console.print(f"written: {_rel(ctx, out)}")
-    console.print(f"plain nbgrader: cd {folder} && PATH={Path(__import__('sys').executable).parent}:$PATH "
+    console.print(f"plain nbgrader: cd {folder} && PATH={Path(sys.executable).parent}:$PATH "
                   "nbgrader autograde 01_tensor   (any nbgrader command)")
     console.print(f"formgrader: cd {folder} && jupyter lab   (the Formgrader menu uses this config and gradebook)")
 
