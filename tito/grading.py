@@ -79,7 +79,8 @@ class GradingSettings:
         hidden = settings.get("grading", "feedback_hidden_tests", "false").strip().lower()
         if hidden not in ("true", "false"):
             raise CourseError(f"settings.ini: [grading] feedback_hidden_tests = {hidden!r} must be true or false")
-        out = cls(workers=workers if workers > 0 else (os.cpu_count() or 1),
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        out = cls(workers=workers if workers > 0 else cores,
                   notebook_timeout=settings.number("grading", "notebook_timeout", 600),
                   cell_timeout=settings.number("execution", "cell_timeout", 300),
                   memory_gb=settings.number("grading", "memory_gb", 4),
