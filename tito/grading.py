@@ -1,52 +1,148 @@
-"""The instructor loop: thin wrappers around nbgrader that need no server and no network.
+"""The instructor loop on nbgrader: release, collect, autograde (parallel, isolated), feedback, export.
 
 Course layout (all under `settings.ini` [nbgrader] root, ignored by git):
 
     modules/NN_name/NN_name.ipynb                 source (nbgrader's source directory is modules/)
+    nbgrader/nbgrader_config.py                   generated from settings.ini: plain nbgrader and formgrader use it
     nbgrader/release/NN_name/NN_name.ipynb        student version
-    nbgrader/submitted/STUDENT/NN_name/...        what students handed in (`tito nbgrader collect`)
+    nbgrader/submitted/STUDENT/NN_name/...        what students handed in (+ timestamp.txt)
     nbgrader/autograded/STUDENT/NN_name/...       executed and scored
     nbgrader/feedback/STUDENT/NN_name/*.html      feedback reports
+    nbgrader/grading/NN_name.json                 every submission's score, max, status and reason
+    nbgrader/grading/NN_name/STUDENT.log          the full story of one submission's grading
     nbgrader/gradebook.db                         the gradebook; nbgrader/grades.csv its export
+
+Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells and
+hidden tests from the gradebook before, save the scores after) and executes each submission in a
+worker process of its own (`tito.grade_worker`), several at a time, each under a wall-clock limit,
+a memory limit and the sandbox of `tito.sandbox`. Before that, every submission is compared with the
+release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back from the
+release, the submission is graded from the student's code, and it is flagged `needs review`.
 
 nbgrader creates the gradebook by running the `alembic` executable found on PATH, so every call
 puts this Python's `bin` folder first on PATH.
 """
 from __future__ import annotations
 
+import base64
 import csv
+import datetime as dt
+import hashlib
+import html
+import io
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from .course import CODE_STUB, CourseError, Module, Settings, edition_env
-from .notebooks import read
+import nbformat
+from nbgrader.preprocessors import ClearHiddenTests
+
+from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
+from .integrity import restore_graded_cells
+from .notebooks import BEGIN_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
+from .progress import atomic_write_text
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+ENGINE_VERSION = "1"  # part of every fingerprint: bump to re-grade everything after an engine change
+
+GRADED, REVIEW, FAILED, TIMED_OUT, KERNEL_DIED = "graded", "needs review", "failed", "timed out", "kernel died"
+ATTENTION = (REVIEW, FAILED, TIMED_OUT, KERNEL_DIED)
 
 
-def course_args(settings: Settings) -> list[str]:
-    root = settings.root
+# ------------------------------------------------------------------ settings and nbgrader's config
+
+
+@dataclass
+class GradingSettings:
+    workers: int
+    notebook_timeout: float
+    cell_timeout: float
+    memory_gb: float
+    sandbox: str
+    user: str
+    feedback_hidden_tests: bool
+    exchange: str
+
+    @classmethod
+    def load(cls, settings: Settings) -> "GradingSettings":
+        workers = int(settings.number("grading", "workers", 0))
+        hidden = settings.get("grading", "feedback_hidden_tests", "false").strip().lower()
+        if hidden not in ("true", "false"):
+            raise CourseError(f"settings.ini: [grading] feedback_hidden_tests = {hidden!r} must be true or false")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        out = cls(workers=workers if workers > 0 else cores,
+                  notebook_timeout=settings.number("grading", "notebook_timeout", 600),
+                  cell_timeout=settings.number("execution", "cell_timeout", 300),
+                  memory_gb=settings.number("grading", "memory_gb", 4),
+                  sandbox=settings.get("grading", "sandbox", "auto").strip(),
+                  user=settings.get("grading", "user", "tinytorch-grader").strip(),
+                  feedback_hidden_tests=hidden == "true",
+                  exchange=settings.get("grading", "exchange", "").strip())
+        if out.notebook_timeout <= 0 or out.cell_timeout <= 0 or out.memory_gb < 0:
+            raise CourseError("settings.ini: [grading] notebook_timeout, [execution] cell_timeout must be positive "
+                              "and [grading] memory_gb may not be negative (0: no limit)")
+        return out
+
+
+def gradebook_path(settings: Settings) -> Path:
+    return settings.path("nbgrader", "gradebook", "nbgrader/gradebook.db")
+
+
+def db_url(settings: Settings) -> str:
+    return f"sqlite:///{gradebook_path(settings)}"
+
+
+def config_text(settings: Settings) -> str:
+    """nbgrader_config.py for this course (absolute paths, so it works from any directory)."""
+    g = GradingSettings.load(settings)
     nbroot = settings.nbgrader_root
-    rel = lambda p: os.path.relpath(p, root)  # noqa: E731
-    gradebook = settings.path("nbgrader", "gradebook", "nbgrader/gradebook.db")
-    timeout = int(settings.number("execution", "cell_timeout", 300))
-    return [
-        f"--CourseDirectory.root={root}",
-        f"--CourseDirectory.course_id={settings.course_id}",
-        "--CourseDirectory.source_directory=modules",
-        f"--CourseDirectory.release_directory={rel(nbroot / 'release')}",
-        f"--CourseDirectory.submitted_directory={rel(nbroot / 'submitted')}",
-        f"--CourseDirectory.autograded_directory={rel(nbroot / 'autograded')}",
-        f"--CourseDirectory.feedback_directory={rel(nbroot / 'feedback')}",
-        f"--CourseDirectory.db_url=sqlite:///{gradebook}",
-        f"--ExecutePreprocessor.timeout={timeout}",
-        f"--ClearSolutions.code_stub=python={CODE_STUB}",
+    rel = lambda p: os.path.relpath(p, settings.root)  # noqa: E731
+    lines = [
+        "# Generated by tito from settings.ini ([nbgrader], [grading], [execution]): edit those, not this file.",
+        "# Plain nbgrader uses it when run from this folder: cd nbgrader && nbgrader autograde 01_tensor",
+        "c = get_config()  # noqa: F821",
+        f"c.CourseDirectory.root = {str(settings.root)!r}",
+        f"c.CourseDirectory.course_id = {settings.course_id!r}",
+        "c.CourseDirectory.source_directory = 'modules'",
+        f"c.CourseDirectory.release_directory = {rel(nbroot / 'release')!r}",
+        f"c.CourseDirectory.submitted_directory = {rel(nbroot / 'submitted')!r}",
+        f"c.CourseDirectory.autograded_directory = {rel(nbroot / 'autograded')!r}",
+        f"c.CourseDirectory.feedback_directory = {rel(nbroot / 'feedback')!r}",
+        f"c.CourseDirectory.db_url = {db_url(settings)!r}",
+        f"c.ClearSolutions.code_stub = {{'python': {CODE_STUB!r}}}",
+        f"c.Execute.timeout = {int(g.cell_timeout)}",
     ]
+    if not g.feedback_hidden_tests:
+        lines += [
+            "# students do not see the hidden tests in their feedback (nbgrader shows them by default)",
+            "from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor",
+            "from nbgrader.preprocessors import GetGrades",
+            "from tito.grading import HideHiddenTests",
+            "c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]",
+        ]
+    if g.exchange:
+        lines += ["# JupyterHub: the nbgrader exchange shared by instructors and students",
+                  f"c.Exchange.root = {g.exchange!r}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_config(settings: Settings) -> Path:
+    settings.nbgrader_root.mkdir(parents=True, exist_ok=True)
+    out = settings.nbgrader_root / "nbgrader_config.py"
+    text = config_text(settings)
+    if not out.exists() or out.read_text(encoding="utf-8") != text:
+        atomic_write_text(out, text)
+    return out
 
 
 def nbgrader_env(settings: Settings) -> dict:
@@ -55,43 +151,238 @@ def nbgrader_env(settings: Settings) -> dict:
     return env
 
 
-def run_nbgrader(settings: Settings, *args: str, capture: bool = True) -> subprocess.CompletedProcess:
-    """Run `nbgrader ARGS` for this course; raises CourseError with nbgrader's own words on failure."""
+def run_nbgrader(settings: Settings, *args: str) -> subprocess.CompletedProcess:
+    """Run `nbgrader ARGS` with the course's generated config; CourseError with nbgrader's own words on failure."""
     if shutil.which("alembic", path=nbgrader_env(settings)["PATH"]) is None:
         raise CourseError("nbgrader needs the `alembic` command, which is not installed next to this Python: "
                           "reinstall with `pip install nbgrader`")
-    settings.nbgrader_root.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "nbgrader", *args, *course_args(settings)]
-    proc = subprocess.run(cmd, cwd=settings.root, env=nbgrader_env(settings), capture_output=capture, text=True)
+    write_config(settings)
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    proc = subprocess.run(cmd, cwd=settings.nbgrader_root, env=nbgrader_env(settings), capture_output=True, text=True)
     if proc.returncode != 0:
         out = (proc.stderr or "") + (proc.stdout or "")
-        lines = [ln for ln in out.splitlines() if "[" in ln and ("ERROR" in ln or "CRITICAL" in ln)] or out.splitlines()
-        raise CourseError(f"nbgrader {args[0]} failed:\n" + "\n".join(lines[-15:]))
+        log = settings.nbgrader_root / "grading" / f"nbgrader-{args[0]}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(log, out)
+        lines = out.splitlines()
+        keep = [ln for ln in lines if re.search(r"\b(ERROR|CRITICAL)\b|Error:|Exception", ln)] or lines
+        raise CourseError(f"nbgrader {args[0]} failed:\n" + "\n".join(keep[-40:])
+                          + f"\n(nbgrader's full output: {log})")
     return proc
+
+
+# ------------------------------------------------------------------ release
+
+
+def release_path(settings: Settings, module: Module) -> Path:
+    return settings.nbgrader_root / "release" / module.slug / module.notebook.name
 
 
 def generate(settings: Settings, module: Module) -> Path:
     run_nbgrader(settings, "generate_assignment", module.slug, "--force")
-    out = settings.nbgrader_root / "release" / module.slug / module.notebook.name
+    out = release_path(settings, module)
     if not out.exists():
         raise CourseError(f"nbgrader reported success but {out} was not written")
     return out
 
 
+def _gradebook(settings: Settings):
+    import warnings
+
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    # nbgrader's own session handling warns on every new submission; the warnings are not the user's business
+    warnings.filterwarnings("ignore", category=SAWarning)
+
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return Gradebook(db_url(settings), course_id=settings.course_id)
+
+
+def ensure_released(settings: Settings, module: Module) -> Path:
+    """The release notebook, (re)generated when it or the gradebook's record of it is missing or stale."""
+    from nbgrader.api import MissingEntry
+
+    out = release_path(settings, module)
+    known = False
+    if out.exists() and gradebook_path(settings).exists():
+        with _gradebook(settings) as gb:
+            try:
+                gb.find_notebook(module.notebook.stem, module.slug)
+                known = True
+            except MissingEntry:
+                known = False
+    if not known or out.stat().st_mtime < module.notebook.stat().st_mtime:
+        return generate(settings, module)
+    return out
+
+
+# ------------------------------------------------------------------ collect
+
+
+def _timestamp(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def _check_notebook_text(text: str, what: str) -> None:
+    try:
+        nbformat.reads(text, as_version=4)
+    except Exception as e:  # nbformat raises several types for broken JSON
+        raise CourseError(f"{what} is not a readable notebook ({type(e).__name__}: {e}); "
+                          "not collected: ask the student for an intact copy") from None
+
+
 def collect(settings: Settings, module: Module, student: str, notebook: Path) -> Path:
-    """Put one student's notebook where nbgrader expects a submission."""
+    """Put one student's notebook where nbgrader expects a submission; submission time = the file's time."""
     if not STUDENT_ID_RE.match(student):
         raise CourseError(f"student id {student!r} may only contain letters, digits, '.', '_' and '-'")
     notebook = Path(notebook)
     if notebook.is_dir():
         candidate = notebook / "modules" / module.slug / module.notebook.name
         notebook = candidate if candidate.exists() else notebook / module.notebook.name
-    read(notebook)  # a damaged file is reported now, not at grading time
+    if not notebook.is_file():
+        raise CourseError(f"{notebook} does not exist: give the student's {module.notebook.name} or their edition folder")
+    data = notebook.read_bytes()
+    _check_notebook_text(data.decode("utf-8", errors="replace"), str(notebook))
+    return _store(settings, module, student, data, notebook.stat().st_mtime)
+
+
+def _store(settings: Settings, module: Module, student: str, data: bytes, mtime: float) -> Path:
     dest = settings.nbgrader_root / "submitted" / student / module.slug
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(notebook, dest / module.notebook.name)
-    (dest / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
-    return dest / module.notebook.name
+    out = dest / module.notebook.name
+    tmp = dest / f".{module.notebook.name}.tmp"
+    tmp.write_bytes(data)
+    os.utime(tmp, (mtime, mtime))
+    os.replace(tmp, out)
+    atomic_write_text(dest / "timestamp.txt", _timestamp(mtime) + "\n")
+    return out
+
+
+@dataclass
+class Collected:
+    student: str
+    source: str
+    path: Path | None = None
+    error: str = ""
+
+
+def student_from_name(name: str, module: Module) -> str:
+    """Student id from an LMS-style file name: `alice_01_tensor.ipynb`, `alice-01_tensor (1).ipynb`, `alice.ipynb`."""
+    stem = re.sub(r"\s*\(\d+\)$", "", Path(name).stem)  # "name (1)" copies
+    stem = re.sub(r"-\d+$", "", stem) if stem.endswith(tuple(f"-{i}" for i in range(10))) else stem
+    for suffix in (module.notebook.stem, module.name):
+        if stem.lower().endswith(suffix.lower()) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    stem = stem.strip("_-. ")
+    # Canvas: "lastfirst_12345_67890_..." -> "lastfirst"; Moodle: "First Last_123_assignsubmission_file_" -> first part
+    parts = [p for p in re.split(r"[_\s]+", stem) if p]
+    if len(parts) > 1 and any(p.isdigit() for p in parts[1:]):
+        stem = parts[0]
+    return stem
+
+
+def collect_folder(settings: Settings, module: Module, folder: Path,
+                   mapping: dict[str, str] | None = None) -> list[Collected]:
+    """Collect a whole class: a folder (or .zip) of notebooks, student folders, or student editions.
+
+    Each entry becomes one student: a sub-folder is named after the student and holds the notebook
+    (or a whole student edition); a notebook file's name gives the student id (`alice_01_tensor.ipynb`),
+    or `mapping` maps the name (file stem or folder name) to an id. The submission time is the
+    file's own modification time (a zip member's time). Returns one line per entry; bad entries are
+    reported and skipped, the rest collected.
+    """
+    folder = Path(folder)
+    mapping = mapping or {}
+    if folder.is_file() and folder.suffix == ".zip":
+        with tempfile.TemporaryDirectory(prefix="tito-collect-") as tmp:
+            _unzip(folder, Path(tmp))
+            return collect_folder(settings, module, Path(tmp), mapping)
+    if not folder.is_dir():
+        raise CourseError(f"{folder} is neither a folder nor a .zip of submissions")
+    found: dict[str, list[tuple[str, Path]]] = {}
+    results: list[Collected] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(".") or entry.name == "__MACOSX":
+            continue
+        if entry.is_dir():
+            name = entry.name
+            nb = entry / "modules" / module.slug / module.notebook.name
+            if not nb.exists():
+                nb = entry / module.slug / module.notebook.name
+            if not nb.exists():
+                nb = entry / module.notebook.name
+            if not nb.exists():
+                notebooks = sorted(entry.glob("*.ipynb"))
+                nb = notebooks[0] if len(notebooks) == 1 else None
+            if nb is None:
+                results.append(Collected("", entry.name, error=f"no {module.notebook.name} in this folder"))
+                continue
+        elif entry.suffix == ".ipynb":
+            name, nb = entry.stem, entry
+        else:
+            results.append(Collected("", entry.name, error="not a notebook (.ipynb) nor a student folder: skipped"))
+            continue
+        student = mapping.get(name) or mapping.get(entry.name) or (
+            name if entry.is_dir() else student_from_name(entry.name, module))
+        found.setdefault(student, []).append((entry.name, nb))
+    for student, entries in sorted(found.items()):
+        if len(entries) > 1:
+            for src, _ in entries:
+                results.append(Collected(student, src, error=f"{len(entries)} entries map to student {student!r} "
+                                                             f"({', '.join(s for s, _ in entries)}): "
+                                                             "none collected; keep one or give a --map file"))
+            continue
+        src, nb = entries[0]
+        if not STUDENT_ID_RE.match(student or "-"):
+            results.append(Collected(student, src, error=f"cannot make a student id from {src!r} (got {student!r}): "
+                                                          "rename it or give a --map file (name,student_id)"))
+            continue
+        try:
+            data = nb.read_bytes()
+            _check_notebook_text(data.decode("utf-8", errors="replace"), src)
+            when = _read_timestamp(nb.parent) if (nb.parent / "timestamp.txt").exists() else None  # nbgrader's format
+            path = _store(settings, module, student, data, _epoch(when) if when else nb.stat().st_mtime)
+            results.append(Collected(student, src, path))
+        except CourseError as e:
+            results.append(Collected(student, src, error=str(e)))
+    return results
+
+
+def _unzip(archive: Path, dest: Path) -> None:
+    try:
+        with zipfile.ZipFile(archive) as z:
+            for info in z.infolist():
+                target = (dest / info.filename).resolve()
+                if not str(target).startswith(str(dest.resolve()) + os.sep):
+                    raise CourseError(f"{archive}: member {info.filename!r} points outside the archive: refused")
+                if info.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(z.read(info))
+                when = time.mktime(info.date_time + (0, 0, -1))
+                os.utime(target, (when, when))
+    except zipfile.BadZipFile as e:
+        raise CourseError(f"{archive} is not a readable zip file: {e}") from None
+
+
+def read_mapping(path: Path) -> dict[str, str]:
+    """A CSV `name,student_id` (a header row is optional): LMS names to student ids."""
+    out = {}
+    try:
+        rows = list(csv.reader(Path(path).read_text(encoding="utf-8").splitlines()))
+    except OSError as e:
+        raise CourseError(f"cannot read the mapping file {path}: {e}") from None
+    for i, row in enumerate(rows, 1):
+        if not row or (i == 1 and [c.strip().lower() for c in row[:2]] == ["name", "student_id"]):
+            continue
+        if len(row) < 2 or not STUDENT_ID_RE.match(row[1].strip()):
+            raise CourseError(f"{path} line {i}: expected `name,student_id` with an id of letters, digits, . _ -; "
+                              f"got {row!r}")
+        out[row[0].strip()] = row[1].strip()
+    return out
 
 
 def submitted_students(settings: Settings, module: Module) -> list[str]:
@@ -99,47 +390,612 @@ def submitted_students(settings: Settings, module: Module) -> list[str]:
     return sorted(d.name for d in sub.iterdir() if (d / module.slug).is_dir()) if sub.is_dir() else []
 
 
-def autograde(settings: Settings, module: Module, student: str | None = None) -> subprocess.CompletedProcess:
-    release = settings.nbgrader_root / "release" / module.slug / module.notebook.name
-    if not release.exists():
-        generate(settings, module)  # the gradebook must know the assignment and its test cells
-    students = [student] if student else submitted_students(settings, module)
-    if not students:
+# ------------------------------------------------------------------ results on disk
+
+
+@dataclass
+class Outcome:
+    student: str
+    score: float = 0.0
+    max_score: float = 0.0
+    status: str = GRADED
+    reason: str = ""
+    fingerprint: str = ""
+    submitted_at: str = ""
+    graded_at: str = ""
+    seconds: float = 0.0
+    log: str = ""
+
+    @property
+    def label(self) -> str:
+        """What the table shows: `graded`, `needs review: <reason>`, `failed: <reason>`, `timed out`..."""
+        return f"{self.status}: {self.reason}" if self.reason and self.status in (REVIEW, FAILED) else self.status
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.status in ATTENTION
+
+
+def results_path(settings: Settings, module: Module) -> Path:
+    return settings.nbgrader_root / "grading" / f"{module.slug}.json"
+
+
+def log_path(settings: Settings, module: Module, student: str) -> Path:
+    return settings.nbgrader_root / "grading" / module.slug / f"{student}.log"
+
+
+def load_results(settings: Settings, module: Module) -> dict[str, Outcome]:
+    path = results_path(settings, module)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {s: Outcome(**v) for s, v in data["students"].items()}
+    except (ValueError, KeyError, TypeError) as e:
+        backup = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        os.replace(path, backup)
+        from .ui import err
+
+        err.print(f"[bold yellow]warning:[/] {path} could not be read ({e}); moved to {backup.name}, "
+                  "every submission will be graded again")
+        return {}
+
+
+def save_results(settings: Settings, module: Module, results: dict[str, Outcome]) -> Path:
+    path = results_path(settings, module)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"module": module.slug, "schema_version": 1,
+            "students": {s: asdict(o) for s, o in sorted(results.items())}}
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------ one submission: prepare and finish
+
+
+@dataclass
+class Job:
+    student: str
+    fingerprint: str
+    notebook: nbformat.NotebookNode | None = None
+    problems: list[str] = field(default_factory=list)
+    review_ids: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    submitted_at: str = ""
+
+
+def _resources(settings: Settings, module: Module, student: str) -> dict:
+    return {"nbgrader": {"student": student, "assignment": module.slug, "notebook": module.notebook.stem,
+                         "db_url": db_url(settings)},
+            "unique_key": module.notebook.stem, "output_files_dir": f"{module.notebook.stem}_files"}
+
+
+def _fingerprint(sub_dir: Path, release_bytes: bytes, salt: str) -> str:
+    h = hashlib.sha256(salt.encode() + release_bytes)
+    for name in sorted(p.name for p in sub_dir.iterdir() if p.is_file()):
+        h.update(name.encode() + b"\0" + (sub_dir / name).read_bytes())
+    return h.hexdigest()
+
+
+def _salt(g: GradingSettings) -> str:
+    return f"{ENGINE_VERSION}|{g.notebook_timeout}|{g.cell_timeout}|{g.memory_gb}"
+
+
+def is_current(settings: Settings, module: Module, outcome: Outcome) -> bool:
+    """Whether `outcome` was graded from the submission and release now on disk."""
+    sub_dir = settings.nbgrader_root / "submitted" / outcome.student / module.slug
+    release = release_path(settings, module)
+    if not sub_dir.is_dir() or not release.exists():
+        return False
+    salt = _salt(GradingSettings.load(settings))
+    return outcome.fingerprint == _fingerprint(sub_dir, release.read_bytes(), salt)
+
+
+def _epoch(when: dt.datetime) -> float:
+    """nbgrader's timestamps are naive UTC datetimes."""
+    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def _read_timestamp(sub_dir: Path):
+    from nbgrader.utils import parse_utc
+
+    f = sub_dir / "timestamp.txt"
+    if not f.exists():
+        return None
+    try:
+        return parse_utc(f.read_text(encoding="utf-8").strip())
+    except (ValueError, OverflowError):
+        return None
+
+
+def _repair_other_metadata(nb, release) -> list[str]:
+    """Drop nbgrader metadata that is not the release's (a renamed or emptied solution cell's grade_id)."""
+    known = {nbgrader_meta(c).get("grade_id") for c in release.cells if nbgrader_meta(c)}
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        md = cell.get("metadata", {}).get("nbgrader")
+        if md is None:
+            continue
+        gid = md.get("grade_id") if isinstance(md, dict) else None
+        if not isinstance(md, dict) or gid not in known:
+            del cell.metadata["nbgrader"]
+            problems.append(f"cell {i + 1}: nbgrader metadata changed (grade_id {gid!r} is not in the release); "
+                            "graded from its code")
+    return problems
+
+
+def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str) -> Job:
+    """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
+
+    sub_dir = settings.nbgrader_root / "submitted" / student / module.slug
+    job = Job(student, _fingerprint(sub_dir, release_bytes, salt))
+    ts = _read_timestamp(sub_dir)
+    job.submitted_at = ts.isoformat() if ts else ""
+    with _gradebook(settings) as gb:
+        gb.update_or_create_student(student)
+        gb.update_or_create_submission(module.slug, student, **({"timestamp": ts} if ts else {}))
+    path = sub_dir / module.notebook.name
+    if not path.exists():
+        others = ", ".join(p.name for p in sub_dir.glob("*.ipynb")) or "none"
+        raise _Fail(job, f"no {module.notebook.name} in the submission (notebooks there: {others})")
+    try:
+        nb = nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
+    except Exception as e:  # broken JSON, wrong nbformat: several exception types
+        job.log.append(f"reading {path} failed: {type(e).__name__}: {e}")
+        first = str(e).splitlines()[0][:120] if str(e) else ""
+        raise _Fail(job, f"the notebook cannot be read ({type(e).__name__}: {first}); "
+                         "ask the student for an intact copy") from None
+    # a test cell that still holds the hidden tests (the instructor's own version) is not tampered with:
+    # compare without them; nbgrader's OverwriteCells puts them back from the gradebook anyway
+    nb, _ = ClearHiddenTests(enforce_metadata=False).preprocess(nb, {})
+    nb, cell_problems = restore_graded_cells(nb, release)
+    details = [str(p) for p in cell_problems]
+    for p in cell_problems:
+        job.problems.append(f"{p.label}: {SHORT_PROBLEM.get(p.kind, p.kind)}")
+        job.review_ids.append(p.grade_id)
+    other = _repair_other_metadata(nb, release)
+    job.problems += other
+    if job.problems:
+        job.log.append("integrity check against the release (the release's test cells were put back, "
+                       "the student's code was graded as it is):")
+        job.log += [f"  - {p}" for p in details + other]
+    resources = _resources(settings, module, student)
+    try:
+        for pp in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), OverwriteCells(), CheckCellMetadata()):
+            nb, resources = pp.preprocess(nb, resources)
+    except Exception as e:  # nbgrader's validation errors name the cell; keep its words
+        raise _Fail(job, f"nbgrader could not prepare the notebook: {type(e).__name__}: {e}") from None
+    job.notebook = nb
+    return job
+
+
+SHORT_PROBLEM = {"missing": "graded test cell deleted", "changed": "graded test cell edited",
+                 "metadata": "graded test cell's metadata changed"}
+
+
+class _Fail(Exception):
+    def __init__(self, job: Job, reason: str):
+        super().__init__(reason)
+        self.job, self.reason = job, reason
+
+
+def _cell_report(nb) -> list[str]:
+    lines = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not is_test_cell(cell):
+            continue
+        md = nbgrader_meta(cell)
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        mark = "passed" if not errors else f"{errors[0].get('ename')}: {errors[0].get('evalue', '')}".strip()
+        lines.append(f"  {exercise_label(cell)} [{md.get('grade_id')}] ({md.get('points')} pts): {mark[:300]}")
+    return lines
+
+
+def _flag_grades(gb, module: Module, student: str, grade_ids: list[str] | None, zero: bool) -> None:
+    """Mark grades as needing a person (all of them when grade_ids is None); `zero` also sets auto_score 0."""
+    sub = gb.find_submission_notebook(module.notebook.stem, module.slug, student)
+    for grade in sub.grades:
+        if grade_ids is None or grade.name in grade_ids:
+            grade.needs_manual_grade = True
+            if zero:
+                grade.auto_score = 0
+    gb.db.commit()
+
+
+def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcome:
+    """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, LimitOutput, SaveAutoGrades
+
+    nb = nbformat.reads(result["notebook"], as_version=4)
+    status, reason = {"ok": (GRADED, ""), "timed out": (TIMED_OUT, result.get("reason", "")),
+                      "kernel died": (KERNEL_DIED, result.get("reason", "")),
+                      "error": (FAILED, result.get("reason", ""))}[result["status"]]
+    if status == GRADED and job.problems:
+        status, reason = REVIEW, "; ".join(job.problems)
+    if status != GRADED:  # a note at the top of the graded notebook (and so of the feedback)
+        why = html.escape(reason or "; ".join(job.problems))
+        note = nbformat.v4.new_markdown_cell(f"**Autograder: {status}.** {why}\n\nA person will look at this submission.")
+        note.id = "tito-autograder-note"
+        nb.cells.insert(0, note)
+    resources = _resources(settings, module, job.student)
+    for pp in (LimitOutput(), SaveAutoGrades(), AssignLatePenalties(), CheckCellMetadata()):
+        nb, resources = pp.preprocess(nb, resources)
+    with _gradebook(settings) as gb:
+        if status != GRADED:
+            _flag_grades(gb, module, job.student, job.review_ids if status == REVIEW else None, zero=False)
+        sub = gb.find_submission(module.slug, job.student)
+        score, max_score = float(sub.score), float(sub.max_score)
+    dest = settings.nbgrader_root / "autograded" / job.student / module.slug
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest / module.notebook.name, nbformat.writes(nb) + "\n")
+    ts = settings.nbgrader_root / "submitted" / job.student / module.slug / "timestamp.txt"
+    if ts.exists():
+        shutil.copy2(ts, dest / "timestamp.txt")
+    job.log += [f"execution: {result['status']}" + (f" ({result.get('reason')})" if result.get("reason") else "")
+                + f" in {result.get('seconds', 0):g} s", "graded cells:"] + _cell_report(nb)
+    return Outcome(job.student, score, max_score, status, reason, job.fingerprint, job.submitted_at,
+                   seconds=float(result.get("seconds", 0)))
+
+
+def fail(settings: Settings, module: Module, job: Job, reason: str, status: str = FAILED) -> Outcome:
+    """A submission that could not be executed: 0 points, flagged for a person, no stale autograded notebook."""
+    from nbgrader.api import MissingEntry
+
+    with _gradebook(settings) as gb:
+        try:
+            _flag_grades(gb, module, job.student, None, zero=True)
+            sub = gb.find_submission(module.slug, job.student)
+            max_score = float(sub.max_score)
+        except MissingEntry:
+            max_score = 0.0
+    stale = settings.nbgrader_root / "autograded" / job.student / module.slug
+    if stale.exists():
+        shutil.rmtree(stale)
+    job.log.append(f"{status}: {reason}")
+    return Outcome(job.student, 0.0, max_score, status, reason, job.fingerprint, job.submitted_at)
+
+
+# ------------------------------------------------------------------ the run: parallel workers
+
+
+def package_files(root: Path, module: Module) -> dict[str, str]:
+    """The course's tinytorch package without the graded module and the ones after it (base64 by path)."""
+    pkg = root / "tinytorch"
+    excluded = set()
+    for m in load_modules(root):
+        f = m.package_file(root)
+        if f is not None and m.number >= module.number:
+            excluded.add(f.resolve())
+    out = {}
+    for p in sorted(pkg.rglob("*")):
+        if not p.is_file() or "__pycache__" in p.parts or p.suffix in (".pyc",) or p.resolve() in excluded:
+            continue
+        out[str(p.relative_to(root))] = base64.b64encode(p.read_bytes()).decode()
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a worker, everything it started (the kernel included) and its process group."""
+    pids = _descendants(proc.pid) if Path("/proc").is_dir() else []
+    for p in [proc.pid, *pids]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+@dataclass
+class Running:
+    job: Job
+    proc: subprocess.Popen
+    out: Path
+    err: Path
+    started: float
+    hard_deadline: float
+    workdir: str
+
+
+@dataclass
+class RunReport:
+    module: Module
+    outcomes: dict[str, Outcome]  # every submitted student, in the table
+    graded_now: list[str]
+    unchanged: list[str]
+    interrupted: list[str]
+    results_file: Path
+    sandbox: str
+    notes: list[str]
+
+    @property
+    def attention(self) -> list[Outcome]:
+        return [o for o in self.outcomes.values() if o.needs_attention]
+
+
+class Stop:
+    """Set by SIGINT/SIGTERM: the run stops starting work, kills its workers and reports."""
+
+    def __init__(self):
+        self.signal = 0
+
+    def __call__(self, signum, frame):
+        self.signal = signum
+
+    def __bool__(self):
+        return bool(self.signal)
+
+
+def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
+              workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None
+              ) -> RunReport:
+    """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`."""
+    from .sandbox import make_sandbox
+
+    g = GradingSettings.load(settings)
+    all_students = submitted_students(settings, module)
+    if not all_students:
         raise CourseError(f"no submissions for {module.slug} under {settings.nbgrader_root / 'submitted'}: "
-                          f"add them with `tito nbgrader collect {module.number} --student ID NOTEBOOK`")
-    for s in students:
-        if not (settings.nbgrader_root / "submitted" / s / module.slug).is_dir():
-            raise CourseError(f"student {s!r} has no submission for {module.slug}")
-    args = ["autograde", module.slug, "--force"] + ([f"--student={student}"] if student else [])
-    return run_nbgrader(settings, *args)
+                          f"add them with `tito nbgrader collect {module.number} FOLDER` "
+                          f"(or `--student ID NOTEBOOK` for one)")
+    for s in students or []:
+        if s not in all_students:
+            raise CourseError(f"student {s!r} has no submission for {module.slug} "
+                              f"(submitted: {', '.join(all_students[:10])}{'...' if len(all_students) > 10 else ''})")
+    release_file = ensure_released(settings, module)
+    release_bytes = release_file.read_bytes()
+    release = nbformat.reads(release_bytes.decode("utf-8"), as_version=4)
+    salt = _salt(g)
+    results = load_results(settings, module)
+    wanted = students or all_students
+    todo, unchanged = [], []
+    for s in wanted:
+        sub_dir = settings.nbgrader_root / "submitted" / s / module.slug
+        old = results.get(s)
+        graded_file = settings.nbgrader_root / "autograded" / s / module.slug / module.notebook.name
+        current = old is not None and old.fingerprint == _fingerprint(sub_dir, release_bytes, salt) and (
+            graded_file.exists() or old.status == FAILED)
+        (unchanged if current and not force else todo).append(s)
+
+    memory = int(g.memory_gb * (1 << 30))
+    hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root]
+    box = make_sandbox(g.sandbox, g.user, hidden, settings.root, memory)
+    nworkers = max(1, workers or g.workers)
+    files = package_files(settings.root, module)
+    scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
+    os.chmod(scratch, 0o700)
+    stop = Stop()
+    old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    running: list[Running] = []
+    queue = list(todo)
+    graded_now: list[str] = []
+    total = len(todo)
+
+    def record(outcome: Outcome, job: Job) -> None:
+        outcome.graded_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        log = log_path(settings, module, outcome.student)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        head = [f"{module.slug} / {outcome.student}: {outcome.label}",
+                f"score {outcome.score:g} / {outcome.max_score:g}; graded {outcome.graded_at}; "
+                f"submitted {outcome.submitted_at or 'unknown'}", f"sandbox: {box.describe()}"]
+        atomic_write_text(log, "\n".join(head + job.log) + "\n")
+        outcome.log = str(log.relative_to(settings.root))
+        results[outcome.student] = outcome
+        save_results(settings, module, results)
+        graded_now.append(outcome.student)
+        if on_event:
+            on_event("done", outcome, len(graded_now), total)
+
+    def launch(job: Job) -> None:
+        out, errf = scratch / f"{job.student}.out", scratch / f"{job.student}.err"
+        workdir = (f"{box.workdir_base()}/{job.student}" if box.workdir_base()
+                   else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
+        payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": files, "workdir": workdir,
+                              "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout})
+        with open(out, "wb") as fo, open(errf, "wb") as fe:
+            proc = subprocess.Popen(box.command(sys.executable, workdir), stdin=subprocess.PIPE, stdout=fo, stderr=fe,
+                                    env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec())
+        try:
+            proc.stdin.write(payload.encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        now = time.monotonic()
+        running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir))
+        job.log.append(f"worker started ({'sandbox ' + box.mode}), limit {g.notebook_timeout:g} s per notebook, "
+                       f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB")
+
+    def collect_result(r: Running, killed: bool) -> None:
+        if box.mode == "none":
+            shutil.rmtree(r.workdir, ignore_errors=True)
+        err_text = r.err.read_bytes()[-4000:].decode("utf-8", errors="replace")
+        if killed:
+            outcome = fail(settings, module, r.job, f"no result within {g.notebook_timeout:g} s + 30 s: the "
+                                                     "grading process was killed", status=TIMED_OUT)
+        else:
+            try:
+                result = json.loads(r.out.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                result = None
+            if result is None:
+                reason = f"the grading process exited with code {r.proc.returncode} without a result"
+                if r.proc.returncode in (-9, 137) or "MemoryError" in err_text:
+                    reason += " (killed: out of memory?)"
+                last = [ln for ln in err_text.strip().splitlines() if ln.strip()][-1:]
+                if last:
+                    reason += f": {last[0][:200]}"
+                r.job.log.append("worker stderr:\n" + err_text)
+                outcome = fail(settings, module, r.job, reason)
+            else:
+                try:
+                    outcome = finish(settings, module, r.job, result)
+                except Exception as e:  # a damaged executed notebook: this student fails, the others go on
+                    outcome = fail(settings, module, r.job, f"scoring failed: {type(e).__name__}: {e}")
+        for p in (r.out, r.err):
+            p.unlink(missing_ok=True)
+        record(outcome, r.job)
+
+    try:
+        if on_event:
+            on_event("start", None, 0, total)
+            for note in box.notes:
+                on_event(note, None, 0, total)
+        while (queue or running) and not stop:
+            while queue and len(running) < nworkers and not stop:
+                s = queue.pop(0)
+                try:
+                    job = prepare(settings, module, s, release, release_bytes, salt)
+                except _Fail as f:
+                    record(fail(settings, module, f.job, f.reason), f.job)
+                    continue
+                except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on
+                    job = Job(s, "")
+                    record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}"), job)
+                    continue
+                launch(job)
+            time.sleep(0.05)
+            now = time.monotonic()
+            for r in list(running):
+                if r.proc.poll() is not None:
+                    running.remove(r)
+                    collect_result(r, killed=False)
+                elif now > r.hard_deadline:
+                    kill_tree(r.proc)
+                    running.remove(r)
+                    collect_result(r, killed=True)
+    finally:
+        interrupted = [r.job.student for r in running] + list(queue) if stop or running else []
+        for r in running:
+            kill_tree(r.proc)
+            if box.mode == "none":
+                shutil.rmtree(r.workdir, ignore_errors=True)
+        running.clear()
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        shutil.rmtree(scratch, ignore_errors=True)
+    outcomes = {s: results[s] for s in wanted if s in results}
+    for s in interrupted:  # its previous result (if any) stays on disk, but it was not graded now
+        outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
+    report = RunReport(module, outcomes, graded_now, unchanged, interrupted, results_path(settings, module),
+                       box.mode, box.notes + [box.describe()])
+    if stop:
+        report.notes.append(f"stopped by {signal.Signals(stop.signal).name}")
+    return report
 
 
-def feedback(settings: Settings, module: Module, student: str | None = None) -> Path:
-    args = ["generate_feedback", module.slug, "--force"] + ([f"--student={student}"] if student else [])
-    run_nbgrader(settings, *args)
-    return settings.nbgrader_root / "feedback"
+# ------------------------------------------------------------------ feedback
+
+
+class HideHiddenTests(ClearHiddenTests):
+    """Feedback without the hidden tests: their code is removed and so are tracebacks that would quote it."""
+
+    enforce_metadata = False
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        had_hidden = BEGIN_HIDDEN in cell.get("source", "")
+        cell, resources = super().preprocess_cell(cell, resources, cell_index)
+        if had_hidden and cell.cell_type == "code":
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    out["traceback"] = [f"{out.get('ename')}: {out.get('evalue')}",
+                                        "(a hidden test failed: its code is not shown)"]
+        return cell, resources
+
+
+def _failure_page(module: Module, outcome: Outcome) -> str:
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{module.slug}: {outcome.student}</title></head>"
+            f"<body><h1>{html.escape(module.title)} ({module.slug})</h1>"
+            f"<p>Your submission could not be graded automatically: <b>{html.escape(outcome.label)}</b>.</p>"
+            f"<p>Score recorded for now: {outcome.score:g} / {outcome.max_score:g}. "
+            "Your instructor has been told and will look at it; you may be asked to submit again.</p></body></html>\n")
+
+
+def feedback(settings: Settings, module: Module, student: str | None = None) -> list[tuple[str, Path | None, str]]:
+    """HTML feedback for every graded submission of `module` (a page saying why for failed ones).
+
+    Returns (student, file, status) for the submissions in the latest results, nothing else on disk.
+    """
+    results = load_results(settings, module)
+    if student:
+        if student not in results:
+            raise CourseError(f"{student!r} has no autograded submission for {module.slug}: "
+                              f"run `tito nbgrader autograde {module.number}` first")
+        results = {student: results[student]}
+    if not results:
+        raise CourseError(f"nothing autograded yet for {module.slug}: run `tito nbgrader autograde {module.number}`")
+    stale = {s for s, o in results.items() if not is_current(settings, module, o)}
+    executed = [s for s, o in results.items()
+                if (settings.nbgrader_root / "autograded" / s / module.slug / module.notebook.name).exists()
+                and o.status != FAILED and s not in stale]
+    nbgrader_error = ""
+    if executed:
+        args = ["generate_feedback", module.slug, "--force"] + ([f"--student={student}"] if student else [])
+        try:
+            run_nbgrader(settings, *args)
+        except CourseError as e:  # nbgrader goes on after a bad notebook; say which pages are missing below
+            nbgrader_error = str(e)
+    out = []
+    for s, o in sorted(results.items()):
+        page = settings.nbgrader_root / "feedback" / s / module.slug / f"{module.notebook.stem}.html"
+        if s in stale:  # re-submitted (or an interrupted re-grade): no feedback on the old grading
+            page.unlink(missing_ok=True)
+            out.append((s, None, f"not written: the submission changed after it was graded; "
+                                 f"run `tito nbgrader autograde {module.number}` first"))
+            continue
+        if s not in executed:
+            page.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(page, _failure_page(module, o))
+        if page.exists():
+            out.append((s, page, o.label))
+        else:
+            out.append((s, None, f"nbgrader wrote no feedback page ({page} is missing)"
+                                 + (f": {nbgrader_error}" if nbgrader_error else "")))
+    return out
+
+
+# ------------------------------------------------------------------ export
 
 
 def export_grades(settings: Settings) -> tuple[Path, list[dict]]:
+    """nbgrader's CSV export plus a `status` column from tito's results (blank: graded outside tito)."""
     out = settings.path("nbgrader", "grades_csv", "nbgrader/grades.csv")
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + ".nbgrader.tmp")
     run_nbgrader(settings, "export", f"--to={tmp}")
-    os.replace(tmp, out)
-    with out.open(newline="") as f:
-        return out, list(csv.DictReader(f))
-
-
-def scores(settings: Settings, module: Module) -> dict[str, tuple[float, float]]:
-    """student -> (score, max_score) for `module`, read from the gradebook."""
-    from nbgrader.api import Gradebook
-
-    gradebook = settings.path("nbgrader", "gradebook", "nbgrader/gradebook.db")
-    out = {}
-    with Gradebook(f"sqlite:///{gradebook}", course_id=settings.course_id) as gb:
-        for s in gb.students:
-            try:
-                sub = gb.find_submission(module.slug, s.id)
-            except Exception:
-                continue
-            out[s.id] = (float(sub.score), float(sub.max_score))
-    return out
+    with tmp.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+        fields = list(rows[0].keys()) if rows else []
+    tmp.unlink()
+    status: dict[tuple[str, str], str] = {}
+    for m in load_modules(settings.root):
+        for s, o in load_results(settings, m).items():
+            status[(m.slug, s)] = o.label
+    for r in rows:
+        r["status"] = status.get((r.get("assignment", ""), r.get("student_id", "")), "")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[*fields, "status"] if fields else ["assignment", "student_id", "status"])
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(out, buf.getvalue())
+    return out, rows

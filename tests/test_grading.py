@@ -1,0 +1,427 @@
+"""The instructor loop end to end, on a simulated class generated from the release and source notebooks.
+
+Each test works on its own copy of the course (tracked files only) in tmp_path, with short limits
+in its settings.ini: a few seconds per cell and per notebook, 2 GiB of memory, 2 workers.
+"""
+from __future__ import annotations
+
+import configparser
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.simulated_class import KINDS, first_test_points, make_class
+from tito import notebooks as nbs
+from tito.course import CODE_STUB, Settings, load_modules
+from tito.grading import _descendants
+from tito.sandbox import namespace_available
+from tito.student import tracked_files
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not INSTRUCTOR, reason="needs the instructor edition")]
+MODULES = {m.number: m for m in load_modules(ROOT)}
+CELL_LIMIT, NOTEBOOK_LIMIT = 12, 40  # generous: the test machine may be busy
+
+
+def tito(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(cwd), MPLBACKEND="Agg", COLUMNS="250")
+    env.pop("TITO_ROOT", None)
+    proc = subprocess.run([sys.executable, "-m", "tito.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc.output = proc.stdout + proc.stderr
+    return proc
+
+
+def set_settings(course: Path, **values: str) -> None:
+    """set_settings(course, grading__workers="2") edits the copy's settings.ini."""
+    p = configparser.ConfigParser()
+    p.read(course / "settings.ini")
+    for key, value in values.items():
+        section, name = key.split("__")
+        if not p.has_section(section):
+            p.add_section(section)
+        p.set(section, name, value)
+    with (course / "settings.ini").open("w") as f:
+        p.write(f)
+
+
+@pytest.fixture
+def course(tmp_path) -> Path:
+    dest = tmp_path / "course"
+    for rel in tracked_files(ROOT):
+        if rel.startswith((".git/", ".venv/", "nbgrader/")):
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    set_settings(dest, grading__workers="2", grading__notebook_timeout=str(NOTEBOOK_LIMIT),
+                 execution__cell_timeout=str(CELL_LIMIT), grading__memory_gb="2")
+    return dest
+
+
+def results(course: Path, slug: str) -> dict:
+    return json.loads((course / "nbgrader" / "grading" / f"{slug}.json").read_text())["students"]
+
+
+def total_points(module) -> float:
+    return sum(float(nbs.nbgrader_meta(c)["points"]) for c in nbs.read(module.notebook).cells if nbs.is_test_cell(c))
+
+
+def graded_score(nb_path: Path) -> float:
+    """What nbgrader's rule gives an executed notebook: points of graded cells without an error output."""
+    nb = nbs.read(nb_path)
+    return sum(float(nbs.nbgrader_meta(c)["points"]) for c in nb.cells
+               if nbs.is_test_cell(c) and not any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+
+
+def write_class(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+# ------------------------------------------------------------------ the release
+
+
+@pytest.mark.parametrize("number", ["01", "02"])
+def test_release_stubs_compile_and_raise_not_implemented(course, number):
+    module = MODULES[number]
+    proc = tito(course, "nbgrader", "generate", number)
+    assert proc.returncode == 0, proc.output
+    release = course / "nbgrader" / "release" / module.slug / module.notebook.name
+    nb = nbs.read(release)
+    stubs = [c for c in nb.cells if nbs.is_solution_cell(c) and c.cell_type == "code"]
+    assert stubs
+    for c in stubs:
+        compile(c.source, f"{module.slug}:{nbs.nbgrader_meta(c)['grade_id']}", "exec")  # SyntaxError fails the test
+        assert all(line in c.source for line in CODE_STUB.splitlines()) and "python=" not in c.source, c.source
+    report = nbs.execute(release, cwd=course, timeout=60, pythonpath=course)
+    assert not [c for c in report.cells if c.ename in ("SyntaxError", "IndentationError")], report.cells
+    assert report.tests and all(c.status == "not_implemented" for c in report.tests), \
+        [(c.label, c.status, c.evalue) for c in report.tests]
+
+
+# ------------------------------------------------------------------ a simulated class, two modules
+
+CLASSES = {
+    "01": list(KINDS),  # every kind of submission
+    "02": ["correct", "stub", "partial", "importerr", "tampered", "deleted", "gradeid", "loop", "exits", "truncated"],
+}
+
+
+@pytest.mark.parametrize("number", ["01", "02"])
+def test_simulated_class_every_submission_accounted_for(course, tmp_path, number):
+    module = MODULES[number]
+    assert tito(course, "nbgrader", "generate", number).returncode == 0
+    files = make_class(module, CLASSES[number])
+    truncated = {k: v for k, v in files.items() if k.startswith("truncated")}
+    inbox = write_class(tmp_path / "lms", files)
+
+    # bulk collect: LMS-style file names become student ids; a damaged file is refused by name
+    proc = tito(course, "nbgrader", "collect", number, str(inbox))
+    assert proc.returncode == 1, proc.output
+    for name in truncated:
+        assert re.search(rf"{re.escape(name)}.*not collected.*not a readable notebook", proc.output), proc.output
+    submitted = course / "nbgrader" / "submitted"
+    assert sorted(p.name for p in submitted.iterdir()) == sorted(k for k in CLASSES[number] if k != "truncated")
+    # ... which nbgrader's own exchange would have collected anyway
+    for name, text in truncated.items():
+        dest = submitted / "truncated" / module.slug
+        dest.mkdir(parents=True)
+        (dest / module.notebook.name).write_text(text)
+
+    start = time.monotonic()
+    proc = tito(course, "nbgrader", "autograde", number)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.output  # some submissions need a person
+    # the looping notebooks are bounded by the notebook limit, not by cells x cell limit
+    assert elapsed < 60 + NOTEBOOK_LIMIT + 10 * len(files), f"autograde took {elapsed:.0f} s"
+
+    res = results(course, module.slug)
+    assert sorted(res) == sorted(CLASSES[number]), "every submission must be in the results"
+    full, first = total_points(module), first_test_points(module)
+    for kind in CLASSES[number]:
+        r, expect = res[kind], KINDS[kind][1]
+        log = (course / r["log"]).read_text()
+        where = f"{kind}: {r}\n{log}"
+        assert r["status"] == expect.status, where
+        assert r["max_score"] == full or kind == "truncated" and r["max_score"] in (0, full), where
+        wanted = {"max": full, "zero": 0.0, "first": first}.get(expect.score)
+        if wanted is not None:
+            assert r["score"] == wanted, where
+        elif expect.score == "partial":
+            assert 0 < r["score"] < full, where
+        else:
+            assert 0 <= r["score"] < full, where
+        if expect.reason:
+            graded_nb = course / "nbgrader" / "autograded" / kind / module.slug / module.notebook.name
+            text = r["reason"] + log + (graded_nb.read_text() if graded_nb.exists() else "")
+            assert expect.reason in text, where
+        # the table shows every student with score and status
+        assert re.search(rf"{kind}\s*│\s*{r['score']:g}\s*│\s*{r['max_score']:g}\s*│\s*{re.escape(r['status'])}",
+                         proc.output), (kind, proc.output)
+        # the gradebook agrees with the executed notebook; failed submissions have none
+        graded_nb = course / "nbgrader" / "autograded" / kind / module.slug / module.notebook.name
+        if r["status"] == "failed":
+            assert not graded_nb.exists()
+        else:
+            assert graded_score(graded_nb) == r["score"], where
+    # integrity problems name the exercise
+    assert "Exercise" in res["tampered"]["reason"] and "Exercise" in res["deleted"]["reason"]
+
+    # incremental: nothing changed, nothing re-graded
+    again = tito(course, "nbgrader", "autograde", number, "--student", "correct", "--student", "stub")
+    assert again.returncode == 0, again.output
+    assert "0 graded now, 2 unchanged" in again.output, again.output
+
+    # feedback for every submission; hidden tests are not shown; a failed one gets a page saying why
+    proc = tito(course, "nbgrader", "feedback", number)
+    assert proc.returncode == 0, proc.output
+    hidden = hidden_lines(module)
+    for kind in CLASSES[number]:
+        page = course / "nbgrader" / "feedback" / kind / module.slug / f"{module.notebook.stem}.html"
+        assert page.exists() and f"{kind}: nbgrader/feedback/{kind}" in proc.output, proc.output
+        text = page.read_text()
+        assert not [ln for ln in hidden if ln in text], f"{kind}'s feedback shows hidden tests"
+    assert "cannot be read" in (course / "nbgrader" / "feedback" / "truncated" / module.slug /
+                                f"{module.notebook.stem}.html").read_text()
+    if number == "01":  # the module's figures are embedded in the feedback
+        assert "data:image/png" in (course / "nbgrader" / "feedback" / "correct" / module.slug /
+                                    f"{module.notebook.stem}.html").read_text()
+
+    # grades.csv has every submission and its status
+    proc = tito(course, "nbgrader", "export")
+    assert proc.returncode == 0, proc.output
+    with (course / "nbgrader" / "grades.csv").open() as f:
+        rows = {r["student_id"]: r for r in csv.DictReader(f)}
+    assert sorted(rows) == sorted(CLASSES[number])
+    for kind in CLASSES[number]:
+        assert rows[kind]["status"].startswith(res[kind]["status"]), rows[kind]
+        assert float(rows[kind]["raw_score"]) == res[kind]["score"], rows[kind]
+
+
+def hidden_lines(module) -> list[str]:
+    out = []
+    for c in nbs.read(module.notebook).cells:
+        for m in re.finditer(rf"{nbs.BEGIN_HIDDEN}\n(.*?){nbs.END_HIDDEN}", c.source, re.S):
+            out += [ln.strip() for ln in m.group(1).splitlines() if len(ln.strip()) > 25]
+    return out
+
+
+# ------------------------------------------------------------------ interrupt
+
+
+def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
+    module = MODULES["01"]
+    set_settings(course, grading__workers="1", grading__sandbox="none")  # the fallback path: kernels are plain children
+    assert tito(course, "nbgrader", "generate", "01").returncode == 0
+    kinds = ["correct", "stub", "stubborn", "partial"]
+    inbox = write_class(tmp_path / "lms", make_class(module, kinds))
+    assert tito(course, "nbgrader", "collect", "01", str(inbox)).returncode == 0
+
+    env = dict(os.environ, PYTHONPATH=str(course), COLUMNS="250")
+    proc = subprocess.Popen([sys.executable, "-m", "tito.main", "nbgrader", "autograde", "01"], cwd=course, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # one worker, sorted order: correct is graded, then the stubborn loop runs; stop during it
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        res_file = course / "nbgrader" / "grading" / f"{module.slug}.json"
+        if res_file.exists() and "correct" in json.loads(res_file.read_text())["students"]:
+            break
+    time.sleep(3)
+    tree = _descendants(proc.pid)
+    assert tree, "a worker should be running"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "stubborn" in out, out
+    time.sleep(1.5)
+    alive = [p for p in tree if Path(f"/proc/{p}").exists()]
+    assert not alive, f"processes left running after the interrupt: {alive}"
+    assert not list(Path(tempfile.gettempdir()).glob("tito-stubborn-*")), "the killed worker's folder is left"
+
+    res = results(course, module.slug)
+    assert "correct" in res and "stubborn" not in res
+    graded = course / "nbgrader" / "autograded"
+    assert sorted(p.name for p in graded.iterdir()) == sorted(res), "an autograded notebook without a result"
+    for s in res:
+        assert graded_score(graded / s / module.slug / module.notebook.name) == res[s]["score"]
+
+    proc = tito(course, "nbgrader", "autograde", "01")
+    assert proc.returncode == 1, proc.output  # the stubborn loop times out
+    assert "1 unchanged" in proc.output, proc.output
+    res = results(course, module.slug)
+    assert sorted(res) == sorted(kinds) and res["stubborn"]["status"] == "timed out"
+
+    # a re-submission after grading: feedback refuses to report on the old grading
+    resubmit = write_class(tmp_path / "again", {"correct_01_tensor.ipynb": make_class(module, ["stub"])["stub_01_tensor.ipynb"]})
+    assert tito(course, "nbgrader", "collect", "01", str(resubmit)).returncode == 0
+    proc = tito(course, "nbgrader", "feedback", "01")
+    assert proc.returncode == 1 and re.search(r"correct:.*changed after it was graded", proc.output), proc.output
+    assert not list((course / "nbgrader" / "feedback" / "correct").glob("*/*.html"))
+    assert "stub: nbgrader/feedback/stub/01_tensor/01_tensor.html" in proc.output, proc.output
+
+
+# ------------------------------------------------------------------ isolation
+
+PROBE = r'''
+import os, json
+from pathlib import Path
+root = Path({root!r})
+report = {{"uid": os.getuid(), "cwd": os.getcwd(), "home": os.environ.get("HOME")}}
+try:
+    report["modules"] = len((root / "modules/01_tensor/01_tensor.ipynb").read_text())
+except OSError as e:
+    report["modules"] = type(e).__name__
+try:
+    with open(root / "nbgrader/gradebook.db", "ab") as f:
+        f.write(b"x")
+    report["gradebook"] = "written"
+except OSError as e:
+    report["gradebook"] = type(e).__name__
+try:
+    import tinytorch.core.activations
+    report["solution_import"] = "imported"
+except ImportError as e:
+    report["solution_import"] = type(e).__name__
+import tinytorch.core.tensor
+report["prerequisite"] = "ok"
+print("PROBE" + json.dumps(report))
+'''
+
+
+@pytest.mark.skipif(bool(namespace_available()), reason=f"no sandbox here: {namespace_available()}")
+def test_student_code_cannot_read_solutions_nor_write_the_gradebook(course, tmp_path):
+    module = MODULES["02"]
+    assert tito(course, "nbgrader", "generate", "02").returncode == 0
+    files = make_class(module, ["correct"])
+    nb = nbformat.reads(next(iter(files.values())), as_version=4)
+    nb.cells.insert(3, nbformat.v4.new_code_cell(PROBE.format(root=str(course))))
+    inbox = write_class(tmp_path / "lms", {"probe_02_activations.ipynb": nbformat.writes(nb)})
+    assert tito(course, "nbgrader", "collect", "02", str(inbox)).returncode == 0
+    before = (course / "nbgrader" / "gradebook.db").read_bytes()
+    proc = tito(course, "nbgrader", "autograde", "02")
+    assert proc.returncode == 0, proc.output
+    assert "runs as user tinytorch-grader" in proc.output
+    graded = nbs.read(course / "nbgrader" / "autograded" / "probe" / module.slug / module.notebook.name)
+    text = "".join(o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    report = json.loads(text.split("PROBE", 1)[1].splitlines()[0])
+    assert report["uid"] != 0
+    assert not report["cwd"].startswith(str(course)) and not report["home"].startswith(str(course))
+    assert report["modules"] in ("PermissionError", "FileNotFoundError"), report
+    assert report["gradebook"] in ("PermissionError", "FileNotFoundError", "OSError"), report
+    assert report["solution_import"] in ("ImportError", "ModuleNotFoundError"), report
+    assert report["prerequisite"] == "ok"
+    assert results(course, module.slug)["probe"]["score"] == total_points(module)
+    assert (course / "nbgrader" / "gradebook.db").read_bytes() != b"" and before  # still a gradebook
+
+
+# ------------------------------------------------------------------ plain nbgrader, formgrader, exchange
+
+
+def test_generated_config_drives_plain_nbgrader(course, tmp_path):
+    proc = tito(course, "nbgrader", "config")
+    assert proc.returncode == 0, proc.output
+    folder = course / "nbgrader"
+    config = folder / "nbgrader_config.py"
+    assert config.exists() and "cd nbgrader" in proc.output
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+               PYTHONPATH=str(course))
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "01_tensor"], cwd=folder, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    release = folder / "release" / "01_tensor" / "01_tensor.ipynb"
+    for c in nbs.read(release).cells:
+        if nbs.is_solution_cell(c) and c.cell_type == "code":
+            compile(c.source, "stub", "exec")
+    assert (folder / "gradebook.db").exists()
+    assert not (course / "gradebook.db").exists(), "no stray gradebook in the course folder"
+
+
+def test_exchange_round_trip_then_tito_grades_it(course, tmp_path):
+    """JupyterHub's path without a hub: nbgrader release/fetch/submit/collect through the exchange folder."""
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    exchange.chmod(0o777)
+    set_settings(course, grading__exchange=str(exchange))
+    assert tito(course, "nbgrader", "generate", "01").returncode == 0
+    assert tito(course, "nbgrader", "config").returncode == 0
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+               PYTHONPATH=str(course))
+    nbg = [sys.executable, "-m", "nbgrader"]
+
+    def run(args, cwd):
+        p = subprocess.run(nbg + args, cwd=cwd, env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p
+
+    run(["release_assignment", "01_tensor"], course / "nbgrader")
+    student_home = tmp_path / "student"
+    student_home.mkdir()
+    student_args = [f"--Exchange.root={exchange}", "--CourseDirectory.course_id=tinytorch"]
+    run(["fetch_assignment", "01_tensor", *student_args], student_home)
+    fetched = student_home / "01_tensor" / "01_tensor.ipynb"
+    assert fetched.exists()
+    run(["submit", "01_tensor", *student_args], student_home)
+    run(["collect", "01_tensor"], course / "nbgrader")
+    submitted = list((course / "nbgrader" / "submitted").glob("*/01_tensor/01_tensor.ipynb"))
+    assert len(submitted) == 1
+    proc = tito(course, "nbgrader", "autograde", "01")
+    assert proc.returncode == 0, proc.output
+    student = submitted[0].parent.parent.name
+    r = results(course, "01_tensor")[student]
+    assert r["status"] == "graded" and r["score"] == 0 and r["submitted_at"], r
+
+
+def test_autograde_without_submissions_says_what_to_do(course):
+    proc = tito(course, "nbgrader", "autograde", "01")
+    assert proc.returncode == 2 and "tito nbgrader collect" in proc.output
+
+
+def test_collect_one_student_and_bad_ids(course, tmp_path):
+    module = MODULES["01"]
+    files = make_class(module, ["correct"])
+    nb = write_class(tmp_path / "in", files) / "correct_01_tensor.ipynb"
+    os.utime(nb, (1_700_000_000, 1_700_000_000))
+    proc = tito(course, "nbgrader", "collect", "01", str(nb), "--student", "alice")
+    assert proc.returncode == 0, proc.output
+    stamp = (course / "nbgrader" / "submitted" / "alice" / "01_tensor" / "timestamp.txt").read_text()
+    assert stamp.startswith("2023-11-14 22:13:20"), "the submission time is the file's, not the collection's"
+    bad = tito(course, "nbgrader", "collect", "01", str(nb), "--student", "../eve")
+    assert bad.returncode == 2 and "student id" in bad.output
+    one = tito(course, "nbgrader", "collect", "01", str(nb))
+    assert one.returncode == 2 and "--student" in one.output
+
+
+def test_collect_folder_of_editions_and_a_map(course, tmp_path):
+    module = MODULES["01"]
+    text = next(iter(make_class(module, ["stub"]).values()))
+    inbox = tmp_path / "inbox"
+    (inbox / "bob" / "modules" / module.slug).mkdir(parents=True)
+    (inbox / "bob" / "modules" / module.slug / module.notebook.name).write_text(text)
+    (inbox / "carol").mkdir()  # nbgrader's own layout: the notebook and its timestamp.txt
+    (inbox / "carol" / module.notebook.name).write_text(text)
+    (inbox / "carol" / "timestamp.txt").write_text("2024-01-02 03:04:05.000000 UTC")
+    (inbox / "Jane Doe_123_assignsubmission_file_01_tensor.ipynb").write_text(text)
+    (inbox / "notes.txt").write_text("not a submission")
+    mapping = tmp_path / "map.csv"
+    mapping.write_text("name,student_id\nJane Doe_123_assignsubmission_file_01_tensor,jdoe\n")
+    proc = tito(course, "nbgrader", "collect", "01", str(inbox), "--map", str(mapping))
+    assert proc.returncode == 1, proc.output  # notes.txt is reported
+    assert "notes.txt" in proc.output and "not a notebook" in proc.output
+    submitted = course / "nbgrader" / "submitted"
+    assert sorted(p.name for p in submitted.iterdir()) == ["bob", "carol", "jdoe"]
+    assert (submitted / "carol" / module.slug / "timestamp.txt").read_text().startswith("2024-01-02 03:04:05")
