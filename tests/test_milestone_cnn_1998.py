@@ -46,7 +46,7 @@ def test_cnn_beats_the_mlp_on_the_digits(tmp_path):
     out = tmp_path / "plots" / "cnn.png"
     proc = run("--out", out)
     assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
-    assert ": MET" in proc.stdout and "CNN epoch  12/12" in proc.stdout, proc.stdout
+    assert "cnn: A small CNN" in proc.stdout and ": PASS (" in proc.stdout and "CNN epoch  12/12" in proc.stdout, proc.stdout
     mlp = float(proc.stdout.split("MLP: test accuracy ")[1].split("%")[0])
     cnn = float(proc.stdout.split("CNN: test accuracy ")[1].split("%")[0])
     assert cnn > mlp, f"the CNN reached {cnn}% and the MLP {mlp}%\n{proc.stdout}"
@@ -75,7 +75,7 @@ def test_cifar10_option_trains_both_models_through_the_loader(tmp_path):
     assert proc.returncode in (0, 1), f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "40 training and 20 test images of 3x32x32" in proc.stdout, proc.stdout
     assert "MLP epoch   1/1" in proc.stdout and "CNN epoch   1/1" in proc.stdout, proc.stdout
-    assert ": MET" in proc.stdout or ": NOT MET" in proc.stdout
+    assert ": PASS (" in proc.stdout or ": FAIL (" in proc.stdout
     assert out.exists()
 
 

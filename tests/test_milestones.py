@@ -475,3 +475,42 @@ def test_help_works_before_the_modules_are_done(stub_edition):
     for flag in ("--epochs", "--seed", "--quick", "--out", "--threads", "--samples", "--lr"):
         assert flag in proc.stdout, f"{flag} missing from --help:\n{proc.stdout}"
     assert "Target: 100% training accuracy within 50 epochs" in proc.stdout, proc.stdout
+
+
+TRANSFORMER = ROOT / "milestones" / "transformer_2017.py"
+
+
+def test_transformer_target_compares_with_a_measured_bigram_within_five_minutes():
+    t = harness.Target.parse(ms.get(ROOT, "transformer").target)
+    assert t.compares and t.conditions == () and t.max_seconds == 300.0, t
+
+
+@pytest.mark.slow
+def test_transformer_quick_run_trains_reports_and_generates(tmp_path):
+    missing = ms.readiness(ROOT, ms.get(ROOT, "transformer"))
+    if missing and IS_STUDENT:
+        pytest.skip(ms.explain(ROOT, missing, "the transformer milestone"))
+    assert not missing, ms.explain(ROOT, missing)
+    out = tmp_path / "gpt.png"
+    proc = run_script(TRANSFORMER, "--quick", "--length", "40", "--prompt", "Once", "--out", out)
+    assert proc.returncode in (0, 1), f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "baseline: bigram counts with add-" in proc.stdout, proc.stdout
+    assert "target: validation loss lower than a bigram model's; reached " in proc.stdout, proc.stdout
+    assert "target: in under 300 s; took " in proc.stdout, proc.stdout
+    story = proc.stdout.split("---\n")[1]
+    assert story.startswith("Once") and len(story.rstrip("\n")) == 44, story
+    assert out.read_bytes()[:4] == b"\x89PNG", proc.stdout
+
+
+def test_harness_reports_comparisons_and_time(capsys):
+    target = harness.Target.parse("higher accuracy than the baseline, in under 2 minutes")
+    assert target.compares and target.max_seconds == 120.0
+    run = harness.Run(ms.get(ROOT, "transformer"), None, ROOT, target)
+    assert run.report(beats=[("accuracy", 0.9, "the baseline", 0.8, "higher")], seconds=10.0) == 0
+    assert run.report(beats=[("loss", 2.5, "the baseline", 2.0, "lower")], seconds=10.0) == 1
+    assert run.report(beats=[("accuracy", 0.9, "the baseline", 0.8, "higher")], seconds=130.0) == 1
+    printed = capsys.readouterr().out
+    assert "target: loss lower than the baseline's; reached 2.5 vs 2: FAIL" in printed, printed
+    assert "target: in under 120 s; took 130.0 s: FAIL" in printed, printed
+    with pytest.raises(ValueError, match="beats"):
+        run.report(seconds=1.0)

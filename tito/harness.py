@@ -25,9 +25,13 @@ that records it, puts the edition root first on `sys.path`, and prints the title
 
 The target is written once, in TARGET: its percentages are the thresholds the report checks, in
 order (`Target.parse`): "95%" or "at least 95%" means reached >= 95%, "at or below 75%" (or "at
-most", "<=") means reached <= 75%, and "within 50 epochs" caps the epochs. `Run.report` prints
-one line per condition, `target: >= 95% test accuracy; reached 97.2%: PASS`, and returns the exit
-code: 0 when every condition holds, 1 otherwise.
+most", "<=") means reached <= 75%, and "within 50 epochs" caps the epochs. A time limit ("in
+under 60 s", "within 5 minutes") is checked against the `seconds` the script reports. A target
+may also compare with a baseline the script measures itself ("higher test accuracy than the MLP",
+"validation loss below a bigram model's"): such a TARGET names the comparison in words (it says
+"than", or "below"/"above" followed by a/an/the), and the script passes the two measured values to `report(beats=...)`.
+`Run.report` prints one line per condition, `target: >= 95% test accuracy; reached 97.2%: PASS`,
+and returns the exit code: 0 when every condition holds, 1 otherwise.
 """
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ from tito.course import CourseError, find_root
 OUTPUTS = Path(ms.MILESTONES_DIR) / "outputs"
 _PERCENT = re.compile(r"(at least|at or above|at most|at or below|>=|<=)?\s*(\d+(?:\.\d+)?)\s*%", re.IGNORECASE)
 _WITHIN = re.compile(r"within\s+(\d+)\s+epochs?", re.IGNORECASE)
+_SECONDS = re.compile(r"(?:in under|under|within|in less than)\s+(\d+(?:\.\d+)?)\s*(s|sec|seconds|min|minutes)\b",
+                      re.IGNORECASE)
+_COMPARES = re.compile(r"\bthan\b|\b(?:below|above)\s+(?:a|an|the)\b", re.IGNORECASE)
 _AT_MOST = {"at most", "at or below", "<="}
 
 
@@ -68,6 +75,8 @@ class Target:
     text: str
     conditions: tuple[Condition, ...]
     max_epochs: int | None = None
+    max_seconds: float | None = None  # "in under 60 s", "within 5 minutes"
+    compares: bool = False  # the TARGET compares with a baseline the script measures ("than", "below")
 
     @classmethod
     def parse(cls, text: str) -> "Target":
@@ -75,11 +84,17 @@ class Target:
         for m in _PERCENT.finditer(text):
             op = "<=" if (m.group(1) or "").lower() in _AT_MOST else ">="
             conditions.append(Condition(op, float(m.group(2)) / 100.0, f"{m.group(2)}%"))
-        if not conditions:
-            raise CourseError(f"TARGET {text!r} states no percentage; write the threshold the script checks, "
-                              'e.g. TARGET = "at least 95% test accuracy"')
+        compares = bool(_COMPARES.search(text))
+        if not conditions and not compares:
+            raise CourseError(f"TARGET {text!r} states no percentage and no comparison; write the threshold the "
+                              'script checks, e.g. TARGET = "at least 95% test accuracy", or the baseline it must '
+                              'beat, e.g. "higher test accuracy than the MLP"')
         within = _WITHIN.search(text)
-        return cls(text, tuple(conditions), int(within.group(1)) if within else None)
+        secs = _SECONDS.search(text)
+        seconds = None
+        if secs:
+            seconds = float(secs.group(1)) * (60.0 if secs.group(2).lower().startswith("min") else 1.0)
+        return cls(text, tuple(conditions), int(within.group(1)) if within else None, seconds, compares)
 
 
 class Progress:
@@ -179,22 +194,42 @@ class Run:
         print(f"saved plot to {out}", flush=True)
         return out
 
-    def report(self, *reached: tuple[str, float], epochs: int | None = None) -> int:
-        """Check each `(label, value)` against TARGET's conditions, in order; print one line each; return
-        the exit code (0: every condition holds, 1: not). `epochs` is checked against "within N epochs"."""
+    def report(self, *reached: tuple[str, float], epochs: int | None = None, seconds: float | None = None,
+               beats: tuple = ()) -> int:
+        """Check the target; print one line per condition; return the exit code (0: all hold, 1: not).
+
+        `reached`: one `(label, value)` per percentage of TARGET, in order. `epochs` is checked against
+        "within N epochs", `seconds` against a time limit. `beats`: for a TARGET that compares with a
+        baseline, `(label, value, baseline_label, baseline_value, better)` tuples, `better` being
+        "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`).
+        """
         conditions = self.target.conditions
         if len(reached) != len(conditions):
             raise ValueError(f"{self.milestone.script.name}: report() got {len(reached)} value(s) but TARGET "
                              f"{self.target.text!r} states {len(conditions)} threshold(s)")
+        if self.target.compares and not beats:
+            raise ValueError(f"{self.milestone.script.name}: TARGET {self.target.text!r} compares with a baseline: "
+                             f"pass the measured values as report(beats=...)")
         ok = True
         for cond, (label, value) in zip(conditions, reached):
             passed = cond.holds(value)
             ok &= passed
             print(f"target: {cond.op} {cond.text} {label}; reached {value:.1%}: {'PASS' if passed else 'FAIL'}")
+        for label, value, base_label, base_value, better in beats:
+            if better not in ("higher", "lower"):
+                raise ValueError(f"report(beats=...): better must be 'higher' or 'lower'; got {better!r}")
+            passed = value > base_value if better == "higher" else value < base_value
+            ok &= passed
+            print(f"target: {label} {better} than {base_label}'s; reached {value:.4g} vs {base_value:.4g}: "
+                  f"{'PASS' if passed else 'FAIL'}")
         if self.target.max_epochs is not None and epochs is not None:
             passed = epochs <= self.target.max_epochs
             ok &= passed
             print(f"target: within {self.target.max_epochs} epochs; took {epochs}: {'PASS' if passed else 'FAIL'}")
+        if self.target.max_seconds is not None and seconds is not None:
+            passed = seconds < self.target.max_seconds
+            ok &= passed
+            print(f"target: in under {self.target.max_seconds:g} s; took {seconds:.1f} s: {'PASS' if passed else 'FAIL'}")
         print(f"{self.title}: {'PASS' if ok else 'FAIL'} ({self.target.text})", flush=True)
         return 0 if ok else 1
 
