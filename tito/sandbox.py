@@ -32,14 +32,14 @@ GRADER_USER = "tinytorch-grader"
 # Runs as root inside the new namespaces, then drops to the grader user and starts the worker.
 _NS_SCRIPT = r"""
 set -e
-uid="$1"; gid="$2"; tmpsize="$3"; shift 3
+uid="$1"; gid="$2"; tmpsize="$3"; privtmp="$4"; shift 4
 while [ "$1" != "--" ]; do
   if [ -d "$1" ]; then mount -t tmpfs -o ro,size=4k,mode=000 tinytorch-hidden "$1";
   elif [ -e "$1" ]; then mount --bind /dev/null "$1"; fi
   shift
 done
 shift
-mount -t tmpfs -o size="$tmpsize",mode=1777 tinytorch-tmp /tmp
+if [ "$privtmp" = 1 ]; then mount -t tmpfs -o size="$tmpsize",mode=1777 tinytorch-tmp /tmp; fi
 if [ -d /dev/shm ]; then mount -t tmpfs -o size="$tmpsize",mode=1777 tinytorch-shm /dev/shm; fi
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
@@ -53,6 +53,9 @@ class Sandbox:
     notes: list[str] = field(default_factory=list)  # what was set up (printed once per run)
     memory_bytes: int = 0
     tmp_bytes: int = 1 << 30
+    # False when the course or its Python environment lives under /tmp: a private /tmp would hide
+    # them, so /dev/shm (private all the same) becomes the submission's working and temporary folder
+    private_tmp: bool = True
 
     def describe(self) -> str:
         if self.mode == "namespace":
@@ -68,17 +71,21 @@ class Sandbox:
         pw = pwd.getpwnam(self.user)
         return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
                 "--", "/bin/sh", "-c", _NS_SCRIPT, "tinytorch-sandbox", str(pw.pw_uid), str(pw.pw_gid),
-                str(self.tmp_bytes), *[str(p) for p in self.hidden], "--", *worker]
+                str(self.tmp_bytes), "1" if self.private_tmp else "0", *[str(p) for p in self.hidden], "--", *worker]
 
     def workdir_base(self) -> str:
-        # inside the namespace /tmp is a fresh private tmpfs
-        return "/tmp/tinytorch-grading" if self.mode == "namespace" else ""
+        # inside the namespace /tmp (or /dev/shm, see private_tmp) is a fresh private tmpfs
+        if self.mode != "namespace":
+            return ""
+        return "/tmp/tinytorch-grading" if self.private_tmp else "/dev/shm/tinytorch-grading"
 
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")])
         if self.mode == "namespace":
             env["USER"] = self.user
+            if not self.private_tmp:
+                env["TMPDIR"] = "/dev/shm"
         return env
 
     def preexec(self):
@@ -161,4 +168,10 @@ def make_sandbox(mode: str, user: str, hidden: list[Path], root: Path, memory_by
         return box
     notes = ensure_user(user)
     paths = [p for p in [*hidden, *_git_dirs(root)] if p.exists()]
-    return Sandbox("namespace", user=user, hidden=paths, notes=notes, memory_bytes=memory_bytes)
+    needed = [Path(sys.prefix), Path(sys.executable).resolve(), Path(__file__).resolve().parent, root]
+    private_tmp = not any(Path("/tmp") in p.resolve().parents for p in needed) or not Path("/dev/shm").is_dir()
+    if not private_tmp:
+        notes.append("the course or its Python lives under /tmp, so /tmp stays the host's; each submission works "
+                     "in its own private /dev/shm instead")
+    return Sandbox("namespace", user=user, hidden=paths, notes=notes, memory_bytes=memory_bytes,
+                   private_tmp=private_tmp)
