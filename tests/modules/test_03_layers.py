@@ -445,8 +445,9 @@ def test_sequential_rejects_non_callables():
 def test_state_dict_holds_copies_under_dotted_names():
     tree = Tree()
     state = tree.state_dict()
-    assert list(state) == [name for name, _ in tree.named_parameters()], list(state)
-    for name, p in tree.named_parameters():
+    expected = [name for name, _ in tree.named_parameters()] + [name for name, _ in tree.named_buffers()]
+    assert list(state) == expected, list(state)
+    for name, p in [*tree.named_parameters(), *tree.named_buffers()]:
         assert isinstance(state[name], np.ndarray) and state[name].shape == p.shape, name
         assert not np.shares_memory(state[name], p.data), f"state_dict()[{name!r}] must be a copy, not a view"
     tree.first.w.data += 5
@@ -506,3 +507,24 @@ def test_state_dict_matches_torch_names_for_linear():
     ours.load_state_dict(theirs)
     x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     np.testing.assert_allclose(ours(Tensor(x)).data, ref(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_holds_buffers_too():
+    """Non-parameter leaf tensors (running statistics) are buffers: saved and restored, never trained."""
+
+    class WithStats(Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = Linear(2, 2, rng=0)
+            self.running = Tensor(np.zeros(2, dtype=np.float32))
+
+    a, b = WithStats(), WithStats()
+    a.running.data[:] = [3.0, 4.0]
+    assert [n for n, _ in a.named_buffers()] == ["running"], list(a.named_buffers())
+    assert [n for n, _ in a.named_parameters()] == ["fc.weight", "fc.bias"], "a buffer is not a parameter"
+    state = a.state_dict()
+    assert list(state) == ["fc.weight", "fc.bias", "running"], list(state)
+    b.load_state_dict(state)
+    np.testing.assert_array_equal(b.running.data, [3.0, 4.0], err_msg="load_state_dict must restore buffers")
+    with pytest.raises(KeyError, match="running"):
+        b.load_state_dict({k: v for k, v in state.items() if k != "running"})

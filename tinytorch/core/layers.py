@@ -159,13 +159,41 @@ class Module:
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
 
-    def state_dict(self) -> dict:
-        """Everything training learned, as plain data: `{dotted_name: NumPy array copy}` per parameter.
+    def named_buffers(self, prefix: str = ""):
+        """Yield `(dotted_name, tensor)` for every *buffer*: a leaf tensor attribute that is not a parameter
+        (no `requires_grad`), such as BatchNorm2d's running statistics, in this module and those below it.
 
-        The keys are `named_parameters()` names (`"fc1.weight"`), the values float copies that later
-        training does not change. Module 08 writes this dict to disk as a checkpoint.
+        Buffers are state that training changes without gradients; they belong in a checkpoint.
         """
-        return {name: p.data.copy() for name, p in self.named_parameters()}
+        seen = set()
+
+        def walk(module, path):
+            if id(module) in seen:
+                return
+            seen.add(id(module))
+            for name, value in vars(module).items():
+                full = f"{path}.{name}" if path else name
+                if isinstance(value, Tensor) and not value.requires_grad and value.is_leaf and id(value) not in seen:
+                    seen.add(id(value))
+                    yield full, value
+            for name, member in module.named_children():
+                if isinstance(member, Module):
+                    yield from walk(member, f"{path}.{name}" if path else name)
+
+        yield from walk(self, prefix)
+
+    def _state_tensors(self) -> dict:
+        "Parameters then buffers, by dotted name: what `state_dict` saves and `load_state_dict` restores."
+        return {**dict(self.named_parameters()), **dict(self.named_buffers())}
+
+    def state_dict(self) -> dict:
+        """Everything training learned, as plain data: `{dotted_name: NumPy array copy}` per parameter and buffer.
+
+        The keys are `named_parameters()` names (`"fc1.weight"`) followed by `named_buffers()` names
+        (`"bn.running_mean"`), the values copies that later training does not change. Module 08
+        writes this dict to disk as a checkpoint.
+        """
+        return {name: t.data.copy() for name, t in self._state_tensors().items()}
 
     def load_state_dict(self, state: dict, strict: bool = True):
         """Copy the arrays of `state` (from `state_dict()`) into this module's parameters, in place.
@@ -178,7 +206,7 @@ class Module:
         """
         if not isinstance(state, dict):
             raise TypeError(f"load_state_dict expects a dict {{name: array}} from state_dict(); got {type(state).__name__}")
-        params = dict(self.named_parameters())
+        params = self._state_tensors()
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
         if strict and (missing or unexpected):
