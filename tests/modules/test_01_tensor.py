@@ -23,6 +23,7 @@ from tests.support import (
     layout, matmul_shapes, params, property_settings, rows, shape_id, shapes, to_torch, tt_args,
 )
 from tests.support import BY_NAME as OP
+import tinytorch.core.tensor as tensor_module
 from tinytorch.core.tensor import Tensor, broadcast_shape, concatenate, set_grad_enabled, stack, where
 
 pytestmark = pytest.mark.module("01")
@@ -654,3 +655,106 @@ def test_masked_fill_needs_a_boolean_mask_that_keeps_the_shape():
         x.masked_fill(np.ones((2, 3)), 1.0)
     with pytest.raises(ValueError, match=r"\(2, 2, 3\)|\(2, 3\)"):
         x.masked_fill(np.ones((2, 2, 3), bool), 1.0)
+
+
+# ----- op records: attrs, output shape and dtype; observers (the extension points of modules 14-20) -----
+
+def _record(make, grad=True):
+    "The record of the last op `make()` runs, taken from its grad_fn (grad=True) or from an observer."
+    seen = []
+    with tensor_module.observe_ops(lambda node, out: seen.append((node, out))):
+        out = make()
+    node = out.grad_fn if grad else seen[-1][0]
+    assert seen and seen[-1][1] is out, f"the observer must see the result itself; saw {[n.op for n, _ in seen]}"
+    return node, out
+
+
+@pytest.mark.parametrize("what, make, op, attrs", [
+    ("x.reshape(3, -1)", lambda x: x.reshape(3, -1), "reshape", {"shape": (3, 2)}),
+    ("x.sum(axis=1, keepdims=True)", lambda x: x.sum(axis=1, keepdims=True), "sum", {"axis": 1, "keepdims": True}),
+    ("x.mean()", lambda x: x.mean(), "mean", {"axis": None, "keepdims": False}),
+    ("x.max(axis=(0, 1))", lambda x: x.max(axis=(0, 1)), "max", {"axis": (0, 1), "keepdims": False}),
+    ("x.transpose(0, 1)", lambda x: x.transpose(0, 1), "transpose", {"dim0": 0, "dim1": 1}),
+    ("x.T", lambda x: x.T, "permute", {"dims": (1, 0)}),
+    ("x[1:, 0]", lambda x: x[1:, 0], "getitem", {"index": (slice(1, None), 0)}),
+    ("x * 0.5", lambda x: x * 0.5, "mul", {"other": 0.5}),
+    ("x ** 2", lambda x: x ** 2, "pow", {"other": 2}),
+    ("x + x", lambda x: x + x, "add", {}),
+    ("x @ x.T", lambda x: x @ x.T, "matmul", {}),
+    ("x.astype(float64)", lambda x: x.astype(np.float64), "astype", {"dtype": np.dtype(np.float64)}),
+    ("concatenate([x, x], axis=1)", lambda x: concatenate([x, x], axis=1), "concatenate", {"axis": 1}),
+    ("stack([x, x], axis=-1)", lambda x: stack([x, x], axis=-1), "stack", {"axis": -1}),
+])
+def test_records_hold_the_forward_arguments_and_the_output_shape_and_dtype(what, make, op, attrs):
+    for grad in (True, False):
+        x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=grad)
+        node, out = _record(lambda: make(x), grad=grad)
+        assert node.op == op and node.attrs == attrs, (
+            f"{what} (requires_grad={grad}): record op={node.op!r} attrs={node.attrs}; expected op={op!r} attrs={attrs}")
+        assert node.shape == out.shape and node.dtype == out.dtype, (
+            f"{what}: record shape/dtype {node.shape}/{node.dtype}; expected the output's {out.shape}/{out.dtype}")
+
+
+def test_where_and_masked_fill_record_their_constants():
+    x = Tensor([1.0, -2.0, 3.0])
+    node, _ = _record(lambda: where(x > 0, x, 0.0), grad=False)
+    assert node.op == "where" and node.attrs == {"y": 0.0} and node.inputs[1] is x and node.inputs[0] is not None, (
+        f"where(x > 0, x, 0.0): inputs {node.inputs}, attrs {node.attrs}; expected the condition and x as inputs, "
+        f"y=0.0 in attrs")
+    mask = np.array([True, False, False])
+    node, _ = _record(lambda: x.masked_fill(mask, -1.0), grad=False)
+    assert node.attrs["value"] == -1.0 and node.attrs["mask"] is mask, f"masked_fill attrs: {node.attrs}"
+
+
+def test_observers_fire_in_every_grad_mode_and_stop_after_remove():
+    ops = []
+    handle = tensor_module.add_op_observer(lambda node, out: ops.append(node.op))
+    try:
+        a = Tensor([1.0, 2.0])
+        (a * 2).sum()
+        previous = set_grad_enabled(False)
+        try:
+            (Tensor([1.0], requires_grad=True) + 1.0).exp()
+        finally:
+            set_grad_enabled(previous)
+        a > 1.0
+    finally:
+        handle.remove()
+    handle.remove()  # twice is harmless
+    (a * 3).sum()
+    assert ops == ["mul", "sum", "add", "exp", "gt"], (
+        f"observed {ops}; expected ['mul', 'sum', 'add', 'exp', 'gt'] (no requires_grad, no_grad, a comparison; "
+        f"nothing after remove())")
+
+
+def test_observer_ops_are_not_observed_and_nothing_is_attached_without_grad():
+    seen = []
+
+    def observer(node, out):
+        seen.append(node.op)
+        (out * 1.0).sum()  # an observer's own ops are not observed (no recursion)
+
+    with tensor_module.observe_ops(observer):
+        y = Tensor([1.0, 2.0]) * 2.0
+    assert seen == ["mul"], f"observed {seen}; expected ['mul'] only"
+    assert y.grad_fn is None and y.requires_grad is False, "observing must not attach a record to a tensor that needs no grad"
+    with pytest.raises(TypeError, match="callable"):
+        tensor_module.add_op_observer("not a function")
+
+
+def test_comparisons_record_their_inputs_but_never_join_the_graph():
+    x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    node, out = _record(lambda: x > Tensor([0.0, 5.0, 3.0]), grad=False)
+    assert node.op == "gt" and node.inputs[0] is x and out.grad_fn is None and out.requires_grad is False, (
+        f"x > y: record {node.op} with inputs {node.inputs}; out.requires_grad={out.requires_grad}; expected a record "
+        f"for observers and no graph")
+
+
+@pytest.mark.exercise("1.5", "Tensor._reduce")
+def test_mean_and_var_of_integers_are_float32():
+    i = Tensor(np.arange(6).reshape(2, 3))
+    for what, got, expected in [("mean()", i.mean(), 2.5), ("mean(axis=0)", i.mean(axis=0), [1.5, 2.5, 3.5]),
+                                ("var(axis=1)", i.var(axis=1), [2 / 3, 2 / 3])]:
+        assert got.dtype == np.float32, f"int tensor .{what} has dtype {got.dtype}; expected float32 (as int / int)"
+        check_close(got, expected, fn="Tensor._reduce", what=f"int tensor .{what}", atol=1e-6)
+    assert i.sum().dtype == np.int64, f"the sum of int64 stays int64; got {i.sum().dtype}"

@@ -366,11 +366,60 @@ def test_function_subclass_records_and_differentiates():
     x = Tensor(a, requires_grad=True)
     y = Cube.apply(x, scale=0.5)
     assert type(y.grad_fn).__name__ == "CubeBackward", f"grad_fn of Cube.apply is {type(y.grad_fn).__name__}; expected CubeBackward"
-    assert "Cube" in BACKWARD_RULES, "defining a Function subclass must register its backward rule"
+    assert y.grad_fn.rule is not None and "Cube" not in BACKWARD_RULES, (
+        f"a Function's node type must carry its backward (grad_fn.rule is {y.grad_fn.rule!r}) instead of registering "
+        f"it in BACKWARD_RULES by name ('Cube' in BACKWARD_RULES: {'Cube' in BACKWARD_RULES})")
+    assert y.grad_fn.attrs == {"scale": 0.5}, f"apply's keyword arguments are the record's attrs; got {y.grad_fn.attrs}"
     (y * y).sum().backward()
     tx = to_torch(a, requires_grad=True)
     ((0.5 * tx ** 3) ** 2).sum().backward()
     assert_close(x.grad, tx.grad, op="Function backward", what="Cube", rtol=GRAD_RTOL, atol=GRAD_ATOL, reference="torch")
+
+
+def _scaled_function(factor):
+    "A Function class named `Scale` whose backward multiplies by `factor` (two of them share the class name)."
+
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x, bias=None, *, note=""):
+            return x * factor
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(ctx.needs_input_grad)
+            return grad * factor, None
+
+    seen = []
+    return Scale, seen
+
+
+@pytest.mark.exercise("6.9", "backward")
+def test_functions_with_the_same_name_keep_their_own_rules_and_needs_input_grad():
+    Twice, seen2 = _scaled_function(2.0)
+    Thrice, seen3 = _scaled_function(3.0)
+    assert Twice.__name__ == Thrice.__name__ == "Scale"
+    x = Tensor(np.ones(3), requires_grad=True)
+    z = Tensor(np.ones(3))
+    (Twice.apply(x) + Thrice.apply(x)).sum().backward()
+    assert np.allclose(x.grad.data, 5.0), (
+        f"two Functions both named Scale (factors 2 and 3) gave x.grad = {x.grad.data}; expected 5 everywhere "
+        f"(each node must run its own Function's backward)")
+    assert seen2 == [(True,)] and seen3 == [(True,)], f"needs_input_grad of apply(x): {seen2}, {seen3}; expected [(True,)]"
+    y = Twice.apply(z, None, note="n")
+    assert y.grad_fn is None and y.requires_grad is False, "a Function of tensors that need no grad records no graph"
+    w = Thrice.apply(x, z)
+    assert type(w.grad_fn).__name__ == "ScaleBackward" and w.grad_fn.attrs == {}, (
+        f"apply(x, z) of two Tensors: grad_fn {type(w.grad_fn).__name__} with attrs {w.grad_fn.attrs}; expected "
+        f"ScaleBackward with no attrs")
+    w.sum().backward()
+    assert seen3[-1] == (True, False), f"needs_input_grad of apply(x, z) with z a constant Tensor: {seen3[-1]}; expected (True, False)"
+    v = Twice.apply(x, 0.5, note="n")
+    assert v.grad_fn.attrs == {"bias": 0.5, "note": "n"}, (
+        f"non-Tensor positional arguments (by forward's parameter name) and keyword arguments are the attrs; got "
+        f"{v.grad_fn.attrs}, expected {{'bias': 0.5, 'note': 'n'}}")
+    with no_grad():
+        u = Twice.apply(x)
+    assert u.grad_fn is None, "under no_grad a Function records nothing"
 
 
 @pytest.mark.exercise("6.9", "backward")

@@ -182,7 +182,7 @@ class Softmax(DimActivation):
         e = np.exp(a - a.max(axis=axis, keepdims=True))
         out = e / e.sum(axis=axis, keepdims=True)
         ### END SOLUTION
-        return Tensor.from_op(out, "softmax", (x,), (out, axis))
+        return Tensor.from_op(out, "softmax", (x,), (out,), {"axis": axis})
 
 # %% ../../modules/02_activations/02_activations.ipynb #activations-log-softmax
 class LogSoftmax(DimActivation):
@@ -205,4 +205,4 @@ class LogSoftmax(DimActivation):
         shifted = a - a.max(axis=axis, keepdims=True)
         out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
         ### END SOLUTION
-        return Tensor.from_op(out, "log_softmax", (x,), (out, axis))
+        return Tensor.from_op(out, "log_softmax", (x,), (out,), {"axis": axis})

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import numpy as np
 
-from .tensor import Node, Tensor, is_grad_enabled, set_grad_enabled
+from .tensor import Node, Tensor, is_grad_enabled, node_type, set_grad_enabled
 
 # %% auto #0
 __all__ = ['GELU_C', 'BACKWARD_RULES', 'unbroadcast', 'add_backward', 'sub_backward', 'mul_backward', 'div_backward',
@@ -152,10 +153,10 @@ def matmul_backward(grad, node):
 def restore_reduced(grad, node) -> np.ndarray:
     """Give a reduction's gradient back the input's rank: put back the axes `keepdims=False` removed.
 
-    `node.saved == (axis, keepdims, out)` for every reduction; the result broadcasts against the
-    input (it is not yet expanded to the input's shape).
+    Every reduction records `node.attrs == {"axis": ..., "keepdims": ...}` and `node.saved == (out,)`;
+    the result broadcasts against the input (it is not yet expanded to the input's shape).
     """
-    axis, keepdims, _ = node.saved
+    axis, keepdims = node.attrs["axis"], node.attrs["keepdims"]
     ndim = node.inputs[0].data.ndim
     if axis is None:
         return grad.reshape((1,) * ndim)
@@ -179,13 +180,13 @@ def mean_backward(grad, node):
     """`x.mean(axis, keepdims)`. TODO (Exercise 6.4b): like sum, divided by how many elements each mean averaged."""
     ### BEGIN SOLUTION
     x = node.inputs[0].data
-    count = x.size // max(np.size(node.saved[2]), 1)
+    count = x.size // max(math.prod(node.shape), 1)
     return (np.broadcast_to(restore_reduced(grad, node) / count, x.shape),)
     ### END SOLUTION
 
 
 def max_backward(grad, node):
-    """`x.max(axis, keepdims)`, with the result in `node.saved[2]`.
+    """`x.max(axis, keepdims)`, with the result in `node.saved == (out,)`.
 
     TODO (Exercise 6.4c): the gradient flows only to the elements equal to their maximum; when
     several tie, split it evenly between them (PyTorch's `amax` does the same), so the gradients
@@ -193,8 +194,9 @@ def max_backward(grad, node):
     """
     ### BEGIN SOLUTION
     x = node.inputs[0].data
-    axis = node.saved[0]
-    out = restore_reduced(node.saved[2], node)
+    axis = node.attrs["axis"]
+    (out,) = node.saved
+    out = restore_reduced(out, node)
     mask = x == out
     counts = mask.sum(axis=axis, keepdims=True)
     return (mask * (restore_reduced(grad, node) / counts),)
@@ -208,8 +210,8 @@ def var_backward(grad, node):
     """
     ### BEGIN SOLUTION
     x = node.inputs[0].data
-    axis = node.saved[0]
-    count = x.size // max(np.size(node.saved[2]), 1)
+    axis = node.attrs["axis"]
+    count = x.size // max(math.prod(node.shape), 1)
     centred = x - x.mean(axis=axis, keepdims=True)
     return (restore_reduced(grad, node) * (2.0 / count) * centred,)
     ### END SOLUTION
@@ -223,15 +225,15 @@ def reshape_backward(grad, node):
 
 
 def transpose_backward(grad, node):
-    """`x.transpose(dim0, dim1)`, with `node.saved == (dim0, dim1)`. TODO (Exercise 6.5b)."""
+    """`x.transpose(dim0, dim1)`, with `node.attrs == {"dim0": ..., "dim1": ...}`. TODO (Exercise 6.5b)."""
     ### BEGIN SOLUTION
-    return (np.swapaxes(grad, *node.saved),)
+    return (np.swapaxes(grad, node.attrs["dim0"], node.attrs["dim1"]),)
     ### END SOLUTION
 
 
 def permute_backward(grad, node):
-    "`x.T` (all axes reversed), with `node.saved == (axes,)`: apply the inverse permutation."
-    return (np.transpose(grad, np.argsort(node.saved[0])),)
+    "`x.T` (all axes reversed), with `node.attrs == {\"dims\": axes}`: apply the inverse permutation."
+    return (np.transpose(grad, np.argsort(node.attrs["dims"])),)
 
 
 def identity_backward(grad, node):
@@ -245,7 +247,7 @@ def astype_backward(grad, node):
 
 
 def getitem_backward(grad, node):
-    """`x[index]`, with `node.saved == (index,)`.
+    """`x[index]`, with `node.attrs == {"index": index}`.
 
     TODO (Exercise 6.5c): scatter the gradient into zeros of the input's shape. An integer-array
     index may pick the same element twice (`x[[0, 0]]`): both gradients must be *added*, which a
@@ -254,23 +256,24 @@ def getitem_backward(grad, node):
     """
     ### BEGIN SOLUTION
     out = np.zeros(node.inputs[0].data.shape, dtype=grad.dtype)
-    np.add.at(out, node.saved[0], grad)
+    np.add.at(out, node.attrs["index"], grad)
     return (out,)
     ### END SOLUTION
 
 
 def concatenate_backward(grad, node):
-    """`concatenate(tensors, axis)`, with `node.saved == (axis, sizes)`. TODO (Exercise 6.5d):
-    cut the gradient back into one piece per input."""
+    """`concatenate(tensors, axis)`, with `node.attrs == {"axis": axis}` and `node.saved == (sizes,)`,
+    each input's size along `axis`. TODO (Exercise 6.5d): cut the gradient back into one piece per input."""
     ### BEGIN SOLUTION
-    axis, sizes = node.saved
+    axis = node.attrs["axis"]
+    (sizes,) = node.saved
     return tuple(np.split(grad, np.cumsum(sizes)[:-1], axis=axis))
     ### END SOLUTION
 
 
 def stack_backward(grad, node):
-    "`stack(tensors, axis)`, with `node.saved == (axis,)`: slice i along `axis` is input i's gradient."
-    return tuple(np.moveaxis(grad, node.saved[0], 0))
+    "`stack(tensors, axis)`, with `node.attrs == {\"axis\": axis}`: slice i along `axis` is input i's gradient."
+    return tuple(np.moveaxis(grad, node.attrs["axis"], 0))
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-elementwise
 def exp_backward(grad, node):
@@ -308,7 +311,7 @@ def abs_backward(grad, node):
 
 
 def where_backward(grad, node):
-    """`where(cond, x, y)`, with `node.saved == (cond,)`. TODO (Exercise 6.6e): the gradient goes to
+    """`where(cond, x, y)`, with `node.saved == (cond,)` (a boolean array). TODO (Exercise 6.6e): the gradient goes to
     `x` where `cond` is True and to `y` elsewhere; the condition itself gets none (None)."""
     ### BEGIN SOLUTION
     (cond,) = node.saved
@@ -317,8 +320,8 @@ def where_backward(grad, node):
 
 
 def masked_fill_backward(grad, node):
-    "`x.masked_fill(mask, value)`: filled positions no longer depend on x."
-    return (np.where(node.saved[0], 0, grad),)
+    "`x.masked_fill(mask, value)`, with `node.attrs[\"mask\"]`: filled positions no longer depend on x."
+    return (np.where(node.attrs["mask"], 0, grad),)
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-activations
 def relu_backward(grad, node):
@@ -354,27 +357,29 @@ def gelu_backward(grad, node):
 
 
 def softmax_backward(grad, node):
-    """`Softmax(dim)(x)`, with `node.saved == (out, axis)`.
+    """`Softmax(dim)(x)`, with `node.saved == (out,)` and `node.attrs == {"axis": axis}`.
 
     TODO (Exercise 6.7d): the Jacobian of softmax is `diag(s) - s s^T` per slice; never build it.
     Multiplied by `grad` it is `s * (grad - sum(grad * s))`, the sum along `axis`.
     """
     ### BEGIN SOLUTION
-    s, axis = node.saved
+    (s,) = node.saved
+    axis = node.attrs["axis"]
     return (s * (grad - (grad * s).sum(axis=axis, keepdims=True)),)
     ### END SOLUTION
 
 
 def log_softmax_backward(grad, node):
-    """`LogSoftmax(dim)(x)`, with `node.saved == (out, axis)`: `grad - softmax(x) * sum(grad)` along axis."""
-    out, axis = node.saved
+    """`LogSoftmax(dim)(x)`, with `node.saved == (out,)` and `node.attrs["axis"]`: `grad - softmax(x) * sum(grad)` along axis."""
+    (out,) = node.saved
+    axis = node.attrs["axis"]
     return (grad - np.exp(out) * grad.sum(axis=axis, keepdims=True),)
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-losses
 def log_sum_exp_backward(grad, node):
-    "`log_sum_exp(x, axis, keepdims)`: the gradient is softmax(x) along `axis`."
+    "`log_sum_exp(x, axis, keepdims)`, recorded like a reduction: the gradient is softmax(x) along `axis`."
     x = node.inputs[0].data
-    lse = restore_reduced(node.saved[2], node)
+    lse = restore_reduced(node.saved[0], node)
     return (restore_reduced(grad, node) * np.exp(x - lse),)
 
 
@@ -456,7 +461,9 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
       `node.saved = None`): the activations it pinned are freed. Reaching a released node raises
       RuntimeError("backward: the graph was already released by a previous backward() ... pass
       retain_graph=True to the first call ...").
-    - A recorded op with no rule in `BACKWARD_RULES` raises RuntimeError naming the op.
+    - Ask each node for its rule: `node.rule` when its node type carries one (a `Function`,
+      section 5), else `BACKWARD_RULES[node.op]`; a node with neither raises RuntimeError naming
+      the op.
 
     HINTS: a stack of `(tensor, expanded)` pairs gives a post-order without recursion; key
     dictionaries by `id(tensor)`.
@@ -507,9 +514,10 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
                 t.grad.data = t.grad.data + g
         if node is None:
             continue
-        rule = BACKWARD_RULES.get(node.op)
+        rule = node.rule or BACKWARD_RULES.get(node.op)
         if rule is None:
-            raise RuntimeError(f"backward: no backward rule for op {node.op!r} (BACKWARD_RULES has none)")
+            raise RuntimeError(f"backward: no backward rule for op {node.op!r} (its node carries none and "
+                               f"BACKWARD_RULES has none)")
         for inp, ig in zip(node.inputs, rule(g, node)):
             if inp is None or ig is None or not inp.requires_grad:
                 continue
@@ -547,10 +555,16 @@ class no_grad:
 
 
 class Context:
-    "What a `Function`'s forward leaves for its backward: `ctx.save(...)`, then `ctx.saved`."
+    """What a `Function`'s forward leaves for its backward: `ctx.save(...)`, then `ctx.saved`.
 
-    def __init__(self):
+    `ctx.needs_input_grad` (as in PyTorch): one bool per argument of forward, True where that
+    argument is a Tensor that requires grad while grad mode is on. Backward returns None for the
+    others and skips computing them; forward may skip saving what only they would need.
+    """
+
+    def __init__(self, needs_input_grad: tuple = ()):
         self.saved = ()
+        self.needs_input_grad = needs_input_grad
 
     def save(self, *arrays) -> None:
         self.saved = arrays
@@ -572,14 +586,20 @@ class Function:
 
         y = Square.apply(t)                 # t a Tensor: y records the op, t.grad after backward
 
-    Defining the subclass adds its backward to `BACKWARD_RULES` under the class name, so the
-    traversal above needs no change. Non-Tensor arguments (numbers, options) are passed to forward
-    as they are and get no gradient.
+    Defining the subclass makes a node type for it (`SquareBackward`) that carries its backward as
+    `rule`: the traversal asks each node for its rule, so it needs no change, and two Functions
+    with the same class name in different modules never collide (nothing is registered by name).
+    The node's `saved` is the `ctx`. Non-Tensor arguments (numbers, options) are passed to forward
+    as they are, get no gradient, and are recorded in the node's `attrs` with the keyword
+    arguments (`Conv2dFunction.apply(x, w, b, stride=2)` records `{'stride': 2}`).
+    `ctx.needs_input_grad` says which arguments need a gradient.
     """
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        BACKWARD_RULES[cls.__name__] = lambda grad, node, _cls=cls: _cls.backward(node.saved[0], grad)
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]  # the arguments after ctx
+        cls._arg_names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        cls._node_type = node_type(cls.__name__, rule=lambda grad, node, _cls=cls: _cls.backward(node.saved, grad))
 
     @staticmethod
     def forward(ctx, *args):
@@ -591,11 +611,15 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs) -> Tensor:
-        ctx = Context()
+        recording = is_grad_enabled()
+        ctx = Context(tuple(recording and isinstance(a, Tensor) and a.requires_grad for a in args))
         arrays = [a.data if isinstance(a, Tensor) else a for a in args]
         out = cls.forward(ctx, *arrays, **kwargs)
         inputs = tuple(a if isinstance(a, Tensor) else None for a in args)
-        return Tensor.from_op(out, cls.__name__, inputs, (ctx,))
+        names = cls._arg_names
+        attrs = {names[i] if i < len(names) else f"arg{i}": a for i, a in enumerate(args) if not isinstance(a, Tensor)}
+        attrs.update(kwargs)
+        return Tensor.from_op(out, cls._node_type, inputs, ctx, attrs)
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-gradcheck
 def grad_check(fn, *inputs, eps: float = 1e-6, rtol: float = 1e-4, atol: float = 1e-6, seed: int = 0) -> float:

@@ -3,13 +3,14 @@
 # %% ../../modules/01_tensor/01_tensor.ipynb #c002
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import numpy as np
 
 # %% auto #0
-__all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'Tensor', 'where', 'concatenate',
-           'stack']
+__all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'ObserverHandle', 'add_op_observer',
+           'observe_ops', 'Tensor', 'where', 'concatenate', 'stack']
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-broadcast-shape
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
@@ -73,18 +74,31 @@ def set_grad_enabled(mode: bool) -> bool:
 
 
 class Node:
-    """How a tensor was made: the op's name, its input tensors and what its backward rule needs.
+    """The record of one op result: which op made it, from what, with which arguments.
 
-    `inputs` holds one entry per operand: the input Tensor, or None for a constant (a Python
-    number, a NumPy array). `saved` is a tuple of whatever the op's backward rule needs (input
-    arrays, an axis, an index...), chosen by the op that builds the result. Each op gets its own
-    subclass, so `type(t.grad_fn).__name__` names the op, as in PyTorch: `MulBackward`.
+    - `op`: the op's name ('mul', 'sum', 'Conv2dFunction'); a class attribute of the node type.
+    - `inputs`: one entry per operand: the input Tensor, or None for a constant.
+    - `attrs`: the forward op's own arguments by name, e.g. `{'axis': 1, 'keepdims': True}` for a
+      sum, `{'shape': (2, 3)}` for a reshape, `{'other': 0.5}` for `x * 0.5` (a constant operand
+      is an argument): `op`, `attrs` and the input values are enough to run the op again.
+    - `saved`: what the op's backward rule needs (the operand arrays of `*`, the output of a
+      sigmoid): a tuple, or a `Function`'s `ctx` (module 06).
+    - `shape`, `dtype`: the output's.
+
+    Backward releases `inputs` and `saved` (sets them to None) once used; the rest stays. Each op
+    gets its own subclass, its *node type*, so `type(t.grad_fn).__name__` names the op as in
+    PyTorch: `MulBackward`. A node type made for a module-06 `Function` also carries that
+    Function's backward as `rule`; for the ops of modules 01-04 `rule` is None and module 06's
+    table `BACKWARD_RULES` holds their rules.
     """
 
-    __slots__ = ("op", "inputs", "saved")
+    __slots__ = ("inputs", "saved", "attrs", "shape", "dtype")
+    op = "node"
+    rule = None
 
-    def __init__(self, op: str, inputs: tuple, saved: tuple = ()):
-        self.op, self.inputs, self.saved = op, inputs, saved
+    def __init__(self, inputs: tuple, saved=(), attrs: dict | None = None, shape: tuple = (), dtype=None):
+        self.inputs, self.saved, self.shape, self.dtype = inputs, saved, shape, dtype
+        self.attrs = {} if attrs is None else attrs
 
     def __repr__(self) -> str:
         if self.inputs is None:
@@ -95,13 +109,87 @@ class Node:
 _NODE_TYPES: dict = {}
 
 
-def node_type(op: str) -> type:
-    "The Node subclass of `op` (created once): 'mul' -> MulBackward, 'log_softmax' -> LogSoftmaxBackward."
-    cls = _NODE_TYPES.get(op)
+def node_type(op, rule=None) -> type:
+    """The node type (Node subclass) of op `op`, made once: 'mul' -> MulBackward.
+
+    `op` is an op name, or a node type itself (returned as it is). With `rule` (a `Function`'s
+    backward, module 06), a *new* type is made for that one Function, carrying its rule, and is
+    not registered under its name: two Functions with the same class name never collide.
+    """
+    if isinstance(op, type):
+        return op
+    cls = None if rule is not None else _NODE_TYPES.get(op)
     if cls is None:
         name = "".join(part[:1].upper() + part[1:] for part in op.split("_")) + "Backward"
-        cls = _NODE_TYPES[op] = type(name, (Node,), {"__slots__": ()})
+        body = {"__slots__": (), "op": op}
+        if rule is not None:
+            body["rule"] = staticmethod(rule)
+        cls = type(name, (Node,), body)
+        # `from_op` looks a node type up by what it is given: the name for core ops, the type itself for a Function.
+        _NODE_TYPES[cls if rule is not None else op] = cls
     return cls
+
+
+# ----- observers: every op result, in any grad mode, for profilers and tracers -----
+_OBSERVER_LIST: list = []   # registered observers, in order
+_OP_OBSERVERS: tuple = ()   # the ones `from_op` calls now (empty while an observer runs)
+_NOTIFYING = False
+
+
+class ObserverHandle:
+    "Returned by `add_op_observer`; `handle.remove()` unregisters the observer (twice is harmless)."
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remove(self) -> None:
+        global _OP_OBSERVERS
+        if self.fn in _OBSERVER_LIST:
+            _OBSERVER_LIST.remove(self.fn)
+        if not _NOTIFYING:
+            _OP_OBSERVERS = tuple(_OBSERVER_LIST)
+
+
+def add_op_observer(fn) -> ObserverHandle:
+    """Call `fn(node, out)` for every op result from now on, in any grad mode; returns a handle.
+
+    `node` is the op's record (a `Node`: `op`, `inputs`, `attrs`, `saved`, `shape`, `dtype`) and
+    `out` the result Tensor. It fires also under `no_grad()` and for tensors that need no
+    gradient: then `node` is made for the observer alone and `out.grad_fn` stays None. Ops that an
+    observer runs itself are not observed. `handle.remove()` stops it; `observe_ops(fn)` is the
+    same as a `with` block. While nobody observes, ops pay one test of an empty tuple.
+    """
+    global _OP_OBSERVERS
+    if not callable(fn):
+        raise TypeError(f"add_op_observer: the observer must be callable as fn(node, out); got {type(fn).__name__}")
+    _OBSERVER_LIST.append(fn)
+    if not _NOTIFYING:
+        _OP_OBSERVERS = tuple(_OBSERVER_LIST)
+    return ObserverHandle(fn)
+
+
+@contextlib.contextmanager
+def observe_ops(fn):
+    "`with observe_ops(fn): ...` calls `fn(node, out)` for every op result inside the block."
+    handle = add_op_observer(fn)
+    try:
+        yield handle
+    finally:
+        handle.remove()
+
+
+def _notify(node: Node, out) -> None:
+    "Call the observers with one record; observers' own ops are not observed (no recursion)."
+    global _OP_OBSERVERS, _NOTIFYING
+    observers, _OP_OBSERVERS, _NOTIFYING = _OP_OBSERVERS, (), True
+    try:
+        for fn in observers:
+            fn(node, out)
+    finally:
+        _NOTIFYING = False
+        _OP_OBSERVERS = tuple(_OBSERVER_LIST)
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-class
 _new = object.__new__
@@ -115,7 +203,8 @@ class Tensor:
     says otherwise; integer and boolean data keep their kind (class labels stay integers).
 
     Every operation returns its result through `Tensor.from_op`, which records how the result was
-    made (`grad_fn`) whenever an input requires grad: module 06 walks those records backwards.
+    made (`grad_fn`) whenever an input requires grad (module 06 walks those records backwards), and
+    shows every result to the op observers, if any (`add_op_observer`).
     """
 
     __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_retains_grad", "__weakref__")
@@ -170,13 +259,16 @@ class Tensor:
 
     # ----- the one constructor of op results (given) -----
     @staticmethod
-    def from_op(data: np.ndarray, op: str, inputs: tuple, saved: tuple = ()) -> "Tensor":
+    def from_op(data: np.ndarray, op, inputs: tuple, saved=(), attrs: dict | None = None) -> "Tensor":
         """Wrap the array `data` computed by op `op` from `inputs`, recording how it was made.
 
-        `inputs` has one entry per operand: the input Tensor, or None for a constant. `saved` is
-        whatever the op's backward rule will need. The record (`grad_fn`) is made only when grad
-        mode is on and some input requires grad; otherwise this is just a fast wrapper (it skips
-        `__init__`'s dtype policy: the op already produced the right dtype).
+        `op` is the op's name (or a node type, for a module-06 `Function`). `inputs` has one entry
+        per operand: the input Tensor, or None for a constant. `saved` is whatever the op's
+        backward rule will need; `attrs` the op's own arguments by name (see `Node`). The record
+        (`grad_fn`) is made only when grad mode is on, some input requires grad and the result
+        is floating-point (a comparison never joins the graph); otherwise this is a fast wrapper
+        (it skips `__init__`'s dtype policy: the op already produced the right dtype). Op
+        observers, if any, see every result, recorded or not.
         """
         out = _new(Tensor)
         out.data = data if type(data) is np.ndarray else np.asarray(data)
@@ -185,11 +277,18 @@ class Tensor:
         if _GRAD_ENABLED:
             for t in inputs:
                 if t is not None and t.requires_grad:
+                    if out.data.dtype.kind != "f":
+                        break
                     out.requires_grad = True
-                    out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(op, inputs, saved)
+                    node = out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(
+                        inputs, saved, attrs, out.data.shape, out.data.dtype)
+                    if _OP_OBSERVERS:
+                        _notify(node, out)
                     return out
         out.requires_grad = False
         out.grad_fn = None
+        if _OP_OBSERVERS:
+            _notify((_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, out.data.shape, out.data.dtype), out)
         return out
 
     # ----- metadata: all of it is read from the NumPy buffer, nothing is copied -----
@@ -335,12 +434,14 @@ class Tensor:
         ### END SOLUTION
         if out.dtype is not a.dtype and out.dtype.kind == "f" and (type(b) is not np.ndarray or out.dtype != b.dtype):
             out = out.astype(np.float32)  # mixing kinds (int and float32, int / int) gives float32, not float64
-        return Tensor.from_op(out, op, (self, other if isinstance(other, Tensor) else None), (a, b))
+        if isinstance(other, Tensor):
+            return Tensor.from_op(out, op, (self, other), (a, b))
+        return Tensor.from_op(out, op, (self, None), (a, b), {"other": b})  # a constant operand is an argument
 
     def _reflected(self, other, fn, op: str) -> "Tensor":
         "`other (op) self` for a non-Tensor `other` on the left: lift it to a constant Tensor first."
         if isinstance(other, (int, float)) and (self.dtype.kind == "f" or isinstance(other, int)):
-            other = Tensor.from_op(np.asarray(other, dtype=self.dtype), "constant", ())
+            other = Tensor.from_op(np.asarray(other, dtype=self.dtype), "constant", (), (), {"value": other})
         else:
             other = Tensor(other)
         return other._elementwise(self, fn, op)
@@ -378,14 +479,16 @@ class Tensor:
     def __neg__(self):
         return Tensor.from_op(np.negative(self.data), "neg", (self,))
 
-    # ----- comparisons: boolean results, never part of the graph -----
+    # ----- comparisons: boolean results, recorded for observers but never part of the graph -----
     def _compare(self, other, fn, op: str) -> "Tensor":
         b = other.data if isinstance(other, Tensor) else other
         if not isinstance(b, (int, float)):
             b = np.asarray(b)
             if self.shape != b.shape:
                 broadcast_shape(self.shape, b.shape, op)
-        return Tensor.from_op(fn(self.data, b), op, ())
+        if isinstance(other, Tensor):
+            return Tensor.from_op(fn(self.data, b), op, (self, other))
+        return Tensor.from_op(fn(self.data, b), op, (self, None), (), {"other": b})
 
     def __lt__(self, other):
         return self._compare(other, np.less, "lt")
@@ -455,7 +558,7 @@ class Tensor:
         if m.shape != self.shape and broadcast_shape(self.shape, m.shape, "masked_fill") != self.shape:
             raise ValueError(f"masked_fill: a mask of shape {m.shape} would change the shape {self.shape} of the tensor")
         out = np.where(m, np.asarray(value, dtype=self.dtype), self.data)
-        return Tensor.from_op(out, "masked_fill", (self,), (m,))
+        return Tensor.from_op(out, "masked_fill", (self,), (), {"mask": m, "value": value})
 
     # ----- matrix multiplication -----
     def matmul(self, other) -> "Tensor":
@@ -532,7 +635,9 @@ class Tensor:
         a = self.data
         out = fn(a, axis=axis, keepdims=keepdims)
         ### END SOLUTION
-        return Tensor.from_op(out, op, (self,), (axis, keepdims, out))
+        if out.dtype.kind == "f" and a.dtype.kind != "f":
+            out = np.asarray(out, dtype=np.float32)  # the mean of integers is float32, as int / int is
+        return Tensor.from_op(out, op, (self,), (out,), {"axis": axis, "keepdims": keepdims})
 
     def sum(self, axis=None, keepdims=False) -> "Tensor":
         "Sum over `axis` (all axes when None)."
@@ -583,7 +688,7 @@ class Tensor:
             )
         out = self.data.reshape(shape)
         ### END SOLUTION
-        return Tensor.from_op(out, "reshape", (self,))
+        return Tensor.from_op(out, "reshape", (self,), (), {"shape": out.shape})
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
         """Swap two axes (the last two by default); always a view.
@@ -602,12 +707,12 @@ class Tensor:
                 raise ValueError(f"transpose: axis {d} is out of range for a tensor of shape {self.shape}")
         out = np.swapaxes(self.data, dim0, dim1)
         ### END SOLUTION
-        return Tensor.from_op(out, "transpose", (self,), (dim0, dim1))
+        return Tensor.from_op(out, "transpose", (self,), (), {"dim0": dim0, "dim1": dim1})
 
     @property
     def T(self) -> "Tensor":
         "All axes reversed (a view)."
-        return Tensor.from_op(self.data.T, "permute", (self,), (tuple(range(self.ndim - 1, -1, -1)),))
+        return Tensor.from_op(self.data.T, "permute", (self,), (), {"dims": tuple(range(self.ndim - 1, -1, -1))})
 
     def contiguous(self) -> "Tensor":
         "This tensor if already contiguous, else a row-major copy."
@@ -618,7 +723,7 @@ class Tensor:
     def astype(self, dtype) -> "Tensor":
         "A copy converted to `dtype` (only a floating-point result stays in the graph)."
         out = self.data.astype(dtype)
-        return Tensor.from_op(out, "astype", (self,) if out.dtype.kind == "f" else ())
+        return Tensor.from_op(out, "astype", (self,), (), {"dtype": out.dtype})
 
     def __getitem__(self, index) -> "Tensor":
         "Indexing and slicing as in NumPy (basic slices give views); Tensor indices are allowed."
@@ -626,7 +731,7 @@ class Tensor:
             index = index.data
         elif isinstance(index, tuple):
             index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
-        return Tensor.from_op(self.data[index], "getitem", (self,), (index,))
+        return Tensor.from_op(self.data[index], "getitem", (self,), (), {"index": index})
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-combine
 def where(condition, x, y) -> Tensor:
@@ -653,8 +758,10 @@ def where(condition, x, y) -> Tensor:
     broadcast_shape(broadcast_shape(shapes[0], shapes[1], "where"), shapes[2], "where")
     out = np.where(c, xd, yd)
     ### END SOLUTION
-    return Tensor.from_op(out, "where", (None, x if isinstance(x, Tensor) else None,
-                                         y if isinstance(y, Tensor) else None), (c,))
+    operands = {"condition": condition, "x": x, "y": y}
+    constants = {name: c if name == "condition" else v for name, v in operands.items() if not isinstance(v, Tensor)}
+    return Tensor.from_op(out, "where", tuple(v if isinstance(v, Tensor) else None for v in operands.values()),
+                          (c,), constants)
 
 
 def _check_joinable(tensors, axis: int, op: str, same_axis: bool) -> list:
@@ -689,7 +796,7 @@ def concatenate(tensors, axis: int = 0) -> Tensor:
     ### BEGIN SOLUTION
     out = np.concatenate([t.data for t in tensors], axis=axis)
     ### END SOLUTION
-    return Tensor.from_op(out, "concatenate", tuple(tensors), (axis, [t.shape[axis] for t in tensors]))
+    return Tensor.from_op(out, "concatenate", tuple(tensors), ([t.shape[axis] for t in tensors],), {"axis": axis})
 
 
 def stack(tensors, axis: int = 0) -> Tensor:
@@ -701,4 +808,4 @@ def stack(tensors, axis: int = 0) -> Tensor:
     ### BEGIN SOLUTION
     out = np.stack([t.data for t in tensors], axis=axis)
     ### END SOLUTION
-    return Tensor.from_op(out, "stack", tuple(tensors), (axis,))
+    return Tensor.from_op(out, "stack", tuple(tensors), (), {"axis": axis})
