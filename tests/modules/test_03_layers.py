@@ -528,3 +528,64 @@ def test_state_dict_holds_buffers_too():
     np.testing.assert_array_equal(b.running.data, [3.0, 4.0], err_msg="load_state_dict must restore buffers")
     with pytest.raises(KeyError, match="running"):
         b.load_state_dict({k: v for k, v in state.items() if k != "running"})
+
+
+# ----- forward hooks and named_modules (given code: the seams a profiler uses) -----
+
+def test_forward_hooks_run_around_forward_can_replace_and_are_removable():
+    from tinytorch.core.layers import Sequential
+    net = Sequential(Linear(3, 4, rng=0), Linear(4, 2, rng=1))
+    calls = []
+    pre = net.layers[0].register_forward_pre_hook(lambda m, args: calls.append(("pre", m, args[0].shape)))
+    post = net.layers[0].register_forward_hook(lambda m, args, out: calls.append(("post", m, out.shape)))
+    x = Tensor(np.ones((5, 3), np.float32))
+    net(x)
+    assert calls == [("pre", net.layers[0], (5, 3)), ("post", net.layers[0], (5, 4))], (
+        f"hooks saw {calls}; expected pre-hook(module, args) then hook(module, args, output) around layers[0]")
+    pre.remove()
+    post.remove()
+    post.remove()  # twice is harmless
+    net(x)
+    assert len(calls) == 2, f"removed hooks must not run; {len(calls) - 2} extra call(s)"
+    doubled = net.register_forward_pre_hook(lambda m, args: (args[0] * 2.0,))
+    expected = net.forward(x * 2.0).data
+    got = net(x).data
+    np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg="a pre-hook's returned tuple replaces the arguments")
+    doubled.remove()
+    net.register_forward_hook(lambda m, args, out: out * 0.0)
+    assert np.all(net(x).data == 0), f"a hook's returned value replaces the output; got {net(x).data}"
+    other = Sequential(Linear(3, 4, rng=0))
+    assert not other._forward_hooks, "hooks belong to one module, never shared through the class"
+    with pytest.raises(TypeError, match="callable"):
+        net.register_forward_hook(3)
+
+
+def test_named_modules_gives_every_module_once_with_its_path():
+    from tinytorch.core.layers import Module, Sequential
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.body = Sequential(Linear(2, 3, rng=0), Linear(3, 2, rng=1))
+            self.head = Linear(2, 1, rng=2)
+            self.tied = self.head
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    net = Net()
+    got = [(name, type(m).__name__) for name, m in net.named_modules()]
+    expected = [("", "Net"), ("body", "Sequential"), ("body.layers.0", "Linear"), ("body.layers.1", "Linear"),
+                ("head", "Linear")]
+    assert got == expected, f"named_modules() gave {got}; expected {expected} (each module once, first path wins)"
+    assert [n for n, _ in net.named_modules(prefix="net")][:2] == ["net", "net.body"], "prefix names the top module"
+
+
+def test_check_positive_int_names_the_caller_the_argument_and_the_value():
+    from tinytorch.core.layers import check_positive_int
+    assert check_positive_int(np.int64(3), "n", "F") == 3 and type(check_positive_int(np.int64(3), "n", "F")) is int
+    for bad in (0, -2, 2.0, True, "3", None):
+        with pytest.raises(ValueError) as info:
+            check_positive_int(bad, "in_features", "Linear")
+        assert str(info.value) == f"Linear: in_features must be a positive integer; got {bad!r}", (
+            f"check_positive_int({bad!r}, 'in_features', 'Linear') raised {str(info.value)!r}")

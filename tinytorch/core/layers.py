@@ -3,6 +3,7 @@
 # %% ../../modules/03_layers/03_layers.ipynb #c002
 from __future__ import annotations
 
+import itertools
 import numbers
 
 import numpy as np
@@ -10,9 +11,25 @@ import numpy as np
 from .tensor import Tensor
 
 # %% auto #0
-__all__ = ['Module', 'as_generator', 'fan_in_fan_out', 'xavier_uniform', 'kaiming_normal', 'Linear', 'Dropout', 'Sequential']
+__all__ = ['HookHandle', 'Module', 'as_generator', 'check_positive_int', 'fan_in_fan_out', 'xavier_uniform', 'kaiming_normal',
+           'Linear', 'Dropout', 'Sequential']
 
 # %% ../../modules/03_layers/03_layers.ipynb #layers-module
+class HookHandle:
+    "Returned by `register_forward_pre_hook` and `register_forward_hook`: `handle.remove()` unregisters the hook."
+
+    __slots__ = ("hooks", "key")
+
+    def __init__(self, hooks: dict, key: int):
+        self.hooks, self.key = hooks, key
+
+    def remove(self) -> None:
+        self.hooks.pop(self.key, None)
+
+
+_HOOK_IDS = itertools.count()
+
+
 class Module:
     """Base class of every layer and model: parameter discovery, names, train/eval mode, calls.
 
@@ -22,6 +39,9 @@ class Module:
 
     # A class attribute, so a subclass that forgets `super().__init__()` still has a mode.
     training = True
+    # Empty and never mutated: a module gets its own dict when its first hook is registered.
+    _forward_pre_hooks: dict = {}
+    _forward_hooks: dict = {}
 
     def __init__(self):
         self.training = True
@@ -31,8 +51,43 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__}.forward is not defined: a Module subclass must define forward()")
 
     def __call__(self, *args, **kwargs):
-        "`layer(x)` is `layer.forward(x)`."
-        return self.forward(*args, **kwargs)
+        """`layer(x)` is `layer.forward(x)`, between this module's forward pre-hooks and hooks, if any.
+
+        As in PyTorch: each pre-hook is called as `hook(module, args)` (`args` the positional
+        arguments) and may return new arguments (a tuple, or one value); each hook is called after
+        forward as `hook(module, args, output)` and may return a new output. None changes nothing.
+        """
+        if not (self._forward_pre_hooks or self._forward_hooks):
+            return self.forward(*args, **kwargs)
+        for hook in tuple(self._forward_pre_hooks.values()):
+            result = hook(self, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+        output = self.forward(*args, **kwargs)
+        for hook in tuple(self._forward_hooks.values()):
+            result = hook(self, args, output)
+            if result is not None:
+                output = result
+        return output
+
+    def _add_hook(self, kind: str, hook) -> HookHandle:
+        if not callable(hook):
+            raise TypeError(f"{type(self).__name__}.register_{kind}: the hook must be callable; got {type(hook).__name__}")
+        attr = "_forward_pre_hooks" if kind == "forward_pre_hook" else "_forward_hooks"
+        if attr not in vars(self):
+            setattr(self, attr, {})
+        hooks = getattr(self, attr)
+        key = next(_HOOK_IDS)
+        hooks[key] = hook
+        return HookHandle(hooks, key)
+
+    def register_forward_pre_hook(self, hook) -> HookHandle:
+        "Call `hook(module, args)` before every forward of this module; returns a handle with `remove()`."
+        return self._add_hook("forward_pre_hook", hook)
+
+    def register_forward_hook(self, hook) -> HookHandle:
+        "Call `hook(module, args, output)` after every forward of this module; returns a handle with `remove()`."
+        return self._add_hook("forward_hook", hook)
 
     def named_children(self):
         """Yield `(name, member)` for this module's direct children and parameters, in attribute order.
@@ -120,6 +175,25 @@ class Module:
                     yield from walk(member)
 
         yield from walk(self)
+
+    def named_modules(self, prefix: str = ""):
+        """Yield `(dotted_name, module)` for this module (named `prefix`, "" by default) and every module below it.
+
+        Each module once (the first path wins), depth first, in definition order: the paths a
+        profiler shows, `"blocks.0.attn.q_proj"`.
+        """
+        seen = set()
+
+        def walk(module, path):
+            if id(module) in seen:
+                return
+            seen.add(id(module))
+            yield path, module
+            for name, member in module.named_children():
+                if isinstance(member, Module):
+                    yield from walk(member, f"{path}.{name}" if path else name)
+
+        yield from walk(self, prefix)
 
     def train(self, mode: bool = True) -> "Module":
         """Set training mode (`mode=True`) or evaluation mode (`mode=False`) here and in every submodule.
@@ -236,6 +310,18 @@ def as_generator(rng=None) -> np.random.Generator:
     raise TypeError(f"rng must be None, an int seed or a np.random.Generator; got {type(rng).__name__} {rng!r}")
 
 
+def check_positive_int(value, name: str, who: str) -> int:
+    """`value` as an int when it is a positive integer (NumPy integers too, a bool is not one).
+
+    Anything else raises ValueError naming the caller, the argument and the value:
+    `check_positive_int(0, "in_features", "Linear")` raises "Linear: in_features must be a
+    positive integer; got 0". Every layer from here on checks its sizes with it.
+    """
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{who}: {name} must be a positive integer; got {value!r}")
+    return int(value)
+
+
 def fan_in_fan_out(shape) -> tuple:
     """`(fan_in, fan_out)` of a weight of shape `(out, in, *kernel)`: the kernel size multiplies both."""
     shape = tuple(shape)
@@ -307,18 +393,17 @@ class Linear(Module):
           bias.
         - `self.in_features`, `self.out_features` (ints) and `self.init` are kept for `extra_repr`.
         EXAMPLE: `Linear(4, 3, rng=0)` has `weight.shape == (3, 4)` and a bias of three zeros.
-        HINTS: the base class's `__init__` must run first (`super`); `numbers.Integral` covers NumPy
-        integers too, and `bool` is a subclass of `int`; a dict can map the names to the functions.
+        HINTS: the base class's `__init__` must run first (`super`); `check_positive_int` (given
+        above) checks a size with exactly that error; a dict can map the names to the functions.
         """
         ### BEGIN SOLUTION
         super().__init__()
-        for label, n in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
-                raise ValueError(f"Linear: {label} must be a positive integer; got {n!r}")
+        n_in = check_positive_int(in_features, "in_features", "Linear")
+        n_out = check_positive_int(out_features, "out_features", "Linear")
         initializers = {"kaiming": kaiming_normal, "xavier": xavier_uniform}
         if init not in initializers:
             raise ValueError(f"Linear: init must be one of {sorted(initializers)}; got {init!r}")
-        self.in_features, self.out_features, self.init = int(in_features), int(out_features), init
+        self.in_features, self.out_features, self.init = n_in, n_out, init
         self.weight = Tensor(initializers[init]((self.out_features, self.in_features), rng), requires_grad=True)
         self.bias = Tensor(np.zeros(self.out_features, dtype=np.float32), requires_grad=True) if bias else None
         ### END SOLUTION

@@ -1,0 +1,151 @@
+"""The op records as the seams of modules 14-20: a profiler, a tracer and per-module paths, built on
+module 01's op observers and module 03's forward hooks, checked on the GPT of module 13.
+
+These are prototypes of what the systems modules build (a FLOP counter for 14, a tracer that replays a
+forward pass for 17, a per-layer breakdown for 14 and 19): if they can be written in a few lines
+against the records, the records are complete enough.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tinytorch.core.activations import ReLU
+from tinytorch.core.autograd import no_grad
+from tinytorch.core.layers import Linear, Sequential
+from tinytorch.core.tensor import Tensor, observe_ops
+from tinytorch.models.gpt import GPT
+
+pytestmark = pytest.mark.module("13")
+
+B, T, E, H, L, V = 2, 8, 16, 4, 2, 37
+
+
+def small_gpt() -> GPT:
+    return GPT(vocab_size=V, context_length=T, embed_dim=E, num_heads=H, num_layers=L, rng=0).eval()
+
+
+def tokens() -> np.ndarray:
+    return np.random.default_rng(1).integers(0, V, (B, T))
+
+
+class FlopProfiler:
+    """Counts matmul FLOPs from the op records: 2 * (output elements) * (inner size), batch axes included."""
+
+    def __init__(self):
+        self.flops, self.shapes = 0, []
+
+    def __call__(self, node, out):
+        if node.op == "matmul":
+            a, b = node.inputs[0].shape, node.inputs[1].shape
+            self.flops += 2 * math.prod(node.shape) * a[-1]
+            self.shapes.append((a, b))
+
+
+def closed_form_flops(b, t, e, n_layers, vocab) -> int:
+    "q, k, v, out projections (4 e^2), scores and weighted values (2 t e), MLP (8 e^2) per token and block; head."
+    per_block = 2 * b * t * (4 * e * e + 2 * t * e + 8 * e * e)
+    return n_layers * per_block + 2 * b * t * e * vocab
+
+
+def test_a_profiler_counts_the_matmul_flops_of_a_no_grad_gpt_forward():
+    model, idx = small_gpt(), tokens()
+    profiler = FlopProfiler()
+    with no_grad(), observe_ops(profiler):
+        logits = model(idx)
+    expected = closed_form_flops(B, T, E, L, V)
+    assert logits.grad_fn is None, "a no_grad forward records no graph: the profiler saw the ops through the observer"
+    assert profiler.flops == expected, (
+        f"matmul FLOPs counted from the records: {profiler.flops:,}; closed form 2*B*T*(12 E^2 + 2 T E) per block "
+        f"+ 2*B*T*E*V = {expected:,}")
+    assert len(profiler.shapes) == L * 8 + 1, (
+        f"{len(profiler.shapes)} matmuls recorded; expected 8 per block (4 projections, 2 in attention, 2 in the MLP) "
+        f"+ the head = {L * 8 + 1}")
+    before = profiler.flops
+    model(idx)
+    assert profiler.flops == before, "outside the with block the profiler sees nothing"
+
+
+def test_the_profiler_agrees_with_torch_flop_counter_on_the_same_matmul_shapes():
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, idx = small_gpt(), tokens()
+    profiler = FlopProfiler()
+    with no_grad(), observe_ops(profiler):
+        model(idx)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        for a, b in profiler.shapes:
+            torch.matmul(torch.zeros(a), torch.zeros(b))
+    assert counter.get_total_flops() == profiler.flops, (
+        f"torch's FlopCounterMode on the recorded matmul shapes counts {counter.get_total_flops():,} FLOPs; the "
+        f"profiler counted {profiler.flops:,}")
+
+
+REPLAY = {
+    "matmul": lambda a, b, **_: np.matmul(a, b),
+    "add": lambda a, b=None, other=None: a + (other if b is None else b),
+    "permute": lambda a, dims: np.transpose(a, dims),
+    "relu": lambda a: np.maximum(a, 0),
+    "sum": lambda a, axis, keepdims: np.sum(a, axis=axis, keepdims=keepdims),
+}
+
+
+def trace(fn, x: Tensor) -> list:
+    "The records of every op `fn(x)` runs, in order, as (node, output) pairs."
+    records = []
+    with no_grad(), observe_ops(lambda node, out: records.append((node, out))):
+        fn(x)
+    return records
+
+
+def replay(records, x: Tensor, new_x: np.ndarray) -> np.ndarray:
+    "Re-run the recorded ops from op name + attrs + input values, with `new_x` in place of the traced input `x`."
+    values = {id(x): new_x}
+    for node, out in records:
+        args = [values.get(id(t), t.data) for t in node.inputs if t is not None]  # parameters: their own data
+        values[id(out)] = REPLAY[node.op](*args, **node.attrs)
+    return values[id(records[-1][1])]
+
+
+def test_a_tracer_replays_an_mlp_forward_from_the_records():
+    net = Sequential(Linear(5, 8, rng=0), ReLU(), Linear(8, 3, rng=1))
+    x = Tensor(np.random.default_rng(2).standard_normal((4, 5)).astype(np.float32))
+    records = trace(lambda t: net(t).sum(axis=1), x)
+    assert [n.op for n, _ in records] == ["permute", "matmul", "add", "relu", "permute", "matmul", "add", "sum"], (
+        f"recorded ops: {[n.op for n, _ in records]}")
+    assert records[-1][0].attrs == {"axis": 1, "keepdims": False}, f"sum's attrs: {records[-1][0].attrs}"
+    np.testing.assert_allclose(replay(records, x, x.data), records[-1][1].data, rtol=1e-6,
+                               err_msg="replaying the trace on the traced input must give the recorded output")
+    new_x = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+    with no_grad():
+        expected = net(Tensor(new_x)).sum(axis=1).data
+    np.testing.assert_allclose(replay(records, x, new_x), expected, rtol=1e-5, atol=1e-6,
+                               err_msg="replaying the trace on a new input must give the model's output for it")
+
+
+def test_forward_hooks_give_every_op_of_the_gpt_its_module_path():
+    model, idx = small_gpt(), tokens()
+    path, per_op = [], []
+    handles = []
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda m, args, name=name: path.append(name)))
+        handles.append(module.register_forward_hook(lambda m, args, out: path.pop() and None))
+    try:
+        with no_grad(), observe_ops(lambda node, out: per_op.append((path[-1], node.op, node.shape))):
+            model(idx)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert path == [], f"every pre-hook push has its pop; left {path}"
+    q_proj = [(op, shape) for where, op, shape in per_op if where == "blocks.0.attn.q_proj"]
+    assert ("matmul", (B, T, E)) in q_proj, f"ops charged to blocks.0.attn.q_proj: {q_proj}; expected its (B, T, E) matmul"
+    matmul_paths = sorted({where for where, op, _ in per_op if op == "matmul"})
+    expected = sorted([f"blocks.{i}.{p}" for i in range(L) for p in
+                       ("attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj", "mlp.fc", "mlp.proj")]
+                      + ["head"])
+    assert matmul_paths == expected, f"modules whose ops include a matmul: {matmul_paths}; expected {expected}"
+    assert not any(m._forward_hooks or m._forward_pre_hooks for _, m in model.named_modules()), "all hooks removed"
