@@ -490,3 +490,27 @@ def test_flatten_matches_reshape_and_passes_gradients(layout):
     check_close(x.grad, g.reshape(2, 3, 4, 5), "the gradient through Flatten is the upstream gradient reshaped")
     with pytest.raises(ValueError, match=r"\(5,\)"):
         Flatten()(Tensor(np.ones(5)))
+
+
+@pytest.mark.exercise("9.3", "Conv2dFunction.backward")
+def test_conv_backward_skips_the_input_gradient_when_nobody_needs_it(monkeypatch):
+    import tinytorch.core.spatial as spatial
+    rng = np.random.default_rng(7)
+    w = Tensor(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), requires_grad=True)
+    b = Tensor(np.zeros(4, np.float32), requires_grad=True)
+    calls = []
+    real = spatial.col2im
+    monkeypatch.setattr(spatial, "col2im", lambda *a, **k: calls.append(1) or real(*a, **k))
+    images = Tensor(rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+    spatial.Conv2dFunction.apply(images, w, b, padding=1).sum().backward()
+    assert images.grad is None and not calls, (
+        f"x without requires_grad: x.grad is {type(images.grad).__name__} and col2im ran {len(calls)} time(s); "
+        f"expected no input gradient and no col2im (ctx.needs_input_grad[0] is False)")
+    assert w.grad is not None and b.grad is not None, "the weight and bias still get their gradients"
+    inner = Tensor(images.data, requires_grad=True)
+    spatial.Conv2dFunction.apply(inner, w, b, padding=1).sum().backward()
+    assert inner.grad is not None and inner.grad.shape == inner.shape and calls == [1], (
+        f"x with requires_grad: x.grad {None if inner.grad is None else inner.grad.shape}, col2im calls {len(calls)}; "
+        f"expected a gradient of shape {inner.shape} from one col2im")
+    node = spatial.Conv2dFunction.apply(inner, w, b, stride=2, padding=1).grad_fn
+    assert node.attrs == {"stride": 2, "padding": 1}, f"the conv's record holds its arguments: {node.attrs}"

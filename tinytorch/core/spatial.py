@@ -9,7 +9,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .autograd import Function
-from .layers import Module, kaiming_normal
+from .layers import Module, check_positive_int, kaiming_normal
 from .tensor import Tensor
 
 # %% auto #0
@@ -226,6 +226,9 @@ class Conv2dFunction(Function):
         CONTRACT:
         - `ctx.saved` holds what `forward` (just above) saved, in that order.
         - The bias gradient is None when the convolution has no bias.
+        - `ctx.needs_input_grad[0]` (Module 06) is False when `x` needs no gradient, as for the
+          images that enter a network's first convolution: then return None for `x` and skip its
+          matmul and col2im entirely (section 7.4 measures what that saves).
         - No Python loop over the batch, channels or positions.
 
         HINTS: swap the batch and channel axes of the upstream gradient, then make it 2-D: its
@@ -238,7 +241,9 @@ class Conv2dFunction(Function):
         g = grad.transpose(1, 0, 2, 3).reshape(n_out, -1)
         grad_weight = (g @ cols.T).reshape(weight.shape)
         grad_bias = grad.sum(axis=(0, 2, 3)) if has_bias else None
-        grad_x = col2im(weight.reshape(n_out, -1).T @ g, x_shape, weight.shape[2:], stride, padding)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = col2im(weight.reshape(n_out, -1).T @ g, x_shape, weight.shape[2:], stride, padding)
         return grad_x, grad_weight, grad_bias
         ### END SOLUTION
 
@@ -263,15 +268,13 @@ class Conv2d(Module):
         - Parameters `weight` (Kaiming normal, float32) and `bias` (zeros, or None), as in the
           class docstring, both trainable.
 
-        HINTS: call the base class's `__init__` first; `pair` (its `who` argument names the layer in
-        errors); `kaiming_normal`.
+        HINTS: call the base class's `__init__` first; `check_positive_int` (Module 03) for the
+        channel counts; `pair` (its `who` argument names the layer in errors); `kaiming_normal`.
         """
         ### BEGIN SOLUTION
         super().__init__()
-        for label, n in (("in_channels", in_channels), ("out_channels", out_channels)):
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
-                raise ValueError(f"Conv2d: {label} must be a positive integer; got {n!r}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.in_channels = check_positive_int(in_channels, "in_channels", "Conv2d")
+        self.out_channels = check_positive_int(out_channels, "out_channels", "Conv2d")
         self.kernel_size = pair(kernel_size, "kernel_size", who="Conv2d")
         self.stride = pair(stride, "stride", who="Conv2d")
         self.padding = pair(padding, "padding", minimum=0, who="Conv2d")
@@ -487,8 +490,7 @@ class BatchNorm2d(Module):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__()
-        if not isinstance(num_features, numbers.Integral) or isinstance(num_features, bool) or num_features <= 0:
-            raise ValueError(f"BatchNorm2d: num_features must be a positive integer; got {num_features!r}")
+        check_positive_int(num_features, "num_features", "BatchNorm2d")
         if not 0.0 <= momentum <= 1.0 or eps <= 0:
             raise ValueError(f"BatchNorm2d: momentum must be in [0, 1] and eps > 0; got momentum={momentum!r}, eps={eps!r}")
         self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
