@@ -12,20 +12,20 @@ import numpy as np
 from .tensor import Node, Tensor, is_grad_enabled, node_type, set_grad_enabled
 
 # %% auto #0
-__all__ = ['GELU_C', 'BACKWARD_RULES', 'unbroadcast', 'add_backward', 'sub_backward', 'mul_backward', 'div_backward',
-           'pow_backward', 'neg_backward', 'matmul_backward', 'restore_reduced', 'sum_backward', 'mean_backward',
-           'max_backward', 'var_backward', 'reshape_backward', 'transpose_backward', 'permute_backward',
-           'identity_backward', 'astype_backward', 'getitem_backward', 'concatenate_backward', 'stack_backward',
-           'exp_backward', 'log_backward', 'sqrt_backward', 'tanh_backward', 'abs_backward', 'where_backward',
-           'masked_fill_backward', 'relu_backward', 'sigmoid_backward', 'gelu_backward', 'softmax_backward',
-           'log_softmax_backward', 'log_sum_exp_backward', 'mse_backward', 'cross_entropy_backward',
-           'binary_cross_entropy_backward', 'backward', 'no_grad', 'Context', 'Function', 'grad_check']
+__all__ = ['BACKWARD_RULES', 'GELU_C', 'unbroadcast', 'add_backward', 'sub_backward', 'mul_backward', 'div_backward',
+           'pow_backward', 'neg_backward', 'backward', 'matmul_backward', 'restore_reduced', 'sum_backward',
+           'mean_backward', 'max_backward', 'var_backward', 'reshape_backward', 'transpose_backward',
+           'permute_backward', 'identity_backward', 'astype_backward', 'getitem_backward', 'concatenate_backward',
+           'stack_backward', 'exp_backward', 'log_backward', 'sqrt_backward', 'tanh_backward', 'abs_backward',
+           'where_backward', 'masked_fill_backward', 'relu_backward', 'sigmoid_backward', 'gelu_backward',
+           'softmax_backward', 'log_softmax_backward', 'log_sum_exp_backward', 'mse_backward', 'cross_entropy_backward',
+           'binary_cross_entropy_backward', 'no_grad', 'Context', 'Function', 'grad_check']
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-unbroadcast
 def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     """Reduce `grad` to `shape` by summing over the axes that broadcasting added or stretched.
 
-    TODO (Exercise 6.1): the gradient of an input that was broadcast is the *sum* of the gradients
+    TODO (Exercise 6.2): the gradient of an input that was broadcast is the *sum* of the gradients
     of every copy broadcasting made of it.
 
     CONTRACT:
@@ -58,7 +58,7 @@ def add_backward(grad, node):
 
 
 def sub_backward(grad, node):
-    """`a - b`. TODO (Exercise 6.2a): one gradient per input, as a tuple."""
+    """`a - b`. TODO (Exercise 6.3a): one gradient per input, as a tuple."""
     ### BEGIN SOLUTION
     return grad, -grad
     ### END SOLUTION
@@ -67,7 +67,7 @@ def sub_backward(grad, node):
 def mul_backward(grad, node):
     """`a * b`, with `node.saved == (a, b)` (arrays, or a Python number for a constant).
 
-    TODO (Exercise 6.2b): the product rule; each input's gradient is the upstream gradient times
+    TODO (Exercise 6.3b): the product rule; each input's gradient is the upstream gradient times
     the *other* operand.
     """
     ### BEGIN SOLUTION
@@ -77,7 +77,7 @@ def mul_backward(grad, node):
 
 
 def div_backward(grad, node):
-    """`a / b`, with `node.saved == (a, b)`. TODO (Exercise 6.2c): d(a/b)/da and d(a/b)/db."""
+    """`a / b`, with `node.saved == (a, b)`. TODO (Exercise 6.3c): d(a/b)/da and d(a/b)/db."""
     ### BEGIN SOLUTION
     a, b = node.saved
     return grad / b, -grad * a / (b * b)
@@ -87,7 +87,7 @@ def div_backward(grad, node):
 def pow_backward(grad, node):
     """`a ** b`, with `node.saved == (a, b)`.
 
-    TODO (Exercise 6.2d): the power rule for the base; for the exponent, `a ** b * log(a)`. Only
+    TODO (Exercise 6.3d): the power rule for the base; for the exponent, `a ** b * log(a)`. Only
     compute the exponent's gradient when the exponent is a tensor (`node.inputs[1] is not None`):
     `x ** 2` is far more common than `2 ** x`, and `log` of a negative base is NaN. Return None
     for an input that needs no gradient.
@@ -104,335 +104,12 @@ def neg_backward(grad, node):
     "`-a`."
     return (-grad,)
 
-# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-matmul
-def matmul_backward(grad, node):
-    """`a @ b`, with `node.saved == (a, b)`: 1-D, 2-D, or batched with broadcast batch axes.
-
-    TODO (Exercise 6.3): for 2-D operands, `dL/da = grad @ b.T` and `dL/db = a.T @ grad`.
-
-    CONTRACT:
-    - Returns `(grad_a, grad_b)` with exactly the shapes of `a` and `b`.
-    - A 1-D `a` acts as a row `(1, k)` and a 1-D `b` as a column `(k, 1)` whose extra axis the
-      result dropped: put that axis back into `grad` before multiplying, and drop it again after.
-    - Batch axes that broadcasting stretched must be summed back (`unbroadcast`).
-    - Skip a gradient (None) when `node.inputs[i]` is None or does not require grad: the input
-      batch of `x @ W.T` needs none, and its product is the largest of the backward pass.
-    - Two 1-D operands make a dot product whose `grad` is 0-d.
-    HINTS: `np.swapaxes(x, -1, -2)` transposes the last two axes of any batch;
-    `np.expand_dims`; `np.matmul`.
-    """
-    ### BEGIN SOLUTION
-    a, b = node.saved
-    need_a = node.inputs[0] is not None and node.inputs[0].requires_grad
-    need_b = node.inputs[1] is not None and node.inputs[1].requires_grad
-    if a.ndim == 1 and b.ndim == 1:  # a dot product: grad is 0-d
-        return (grad * b if need_a else None), (grad * a if need_b else None)
-    a2 = a[None, :] if a.ndim == 1 else a
-    b2 = b[:, None] if b.ndim == 1 else b
-    g = grad
-    if a.ndim == 1:
-        g = np.expand_dims(g, -2)
-    if b.ndim == 1:
-        g = np.expand_dims(g, -1)
-    ga = gb = None
-    if need_a:
-        ga = unbroadcast(np.matmul(g, np.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
-    if need_b:
-        if b2.ndim == 2:
-            # a matrix shared by every row of a batch: one large product instead of a sum of small ones
-            af, gf = a2.reshape(-1, a2.shape[-1]), g.reshape(-1, g.shape[-1])
-            # `x @ W.T` passes W.T, a transposed view: compute its gradient in W's own layout
-            gb = np.matmul(gf.T, af).T if b2.flags.f_contiguous and not b2.flags.c_contiguous else np.matmul(af.T, gf)
-        else:
-            gb = unbroadcast(np.matmul(np.swapaxes(a2, -1, -2), g), b2.shape)
-        gb = gb.reshape(b.shape)
-    return ga, gb
-    ### END SOLUTION
-
-# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-reductions
-def restore_reduced(grad, node) -> np.ndarray:
-    """Give a reduction's gradient back the input's rank: put back the axes `keepdims=False` removed.
-
-    Every reduction records `node.attrs == {"axis": ..., "keepdims": ...}` and `node.saved == (out,)`;
-    the result broadcasts against the input (it is not yet expanded to the input's shape).
-    """
-    axis, keepdims = node.attrs["axis"], node.attrs["keepdims"]
-    ndim = node.inputs[0].data.ndim
-    if axis is None:
-        return grad.reshape((1,) * ndim)
-    if not keepdims:
-        axes = tuple(axis) if isinstance(axis, tuple) else (axis,)
-        grad = np.expand_dims(grad, tuple(a % ndim for a in axes))
-    return grad
-
-
-def sum_backward(grad, node):
-    """`x.sum(axis, keepdims)`. TODO (Exercise 6.4a): every summed element gets the gradient of its sum.
-
-    HINTS: `restore_reduced` (given above); `np.broadcast_to` gives the input's shape without a copy.
-    """
-    ### BEGIN SOLUTION
-    return (np.broadcast_to(restore_reduced(grad, node), node.inputs[0].data.shape),)
-    ### END SOLUTION
-
-
-def mean_backward(grad, node):
-    """`x.mean(axis, keepdims)`. TODO (Exercise 6.4b): like sum, divided by how many elements each mean averaged."""
-    ### BEGIN SOLUTION
-    x = node.inputs[0].data
-    count = x.size // max(math.prod(node.shape), 1)
-    return (np.broadcast_to(restore_reduced(grad, node) / count, x.shape),)
-    ### END SOLUTION
-
-
-def max_backward(grad, node):
-    """`x.max(axis, keepdims)`, with the result in `node.saved == (out,)`.
-
-    TODO (Exercise 6.4c): the gradient flows only to the elements equal to their maximum; when
-    several tie, split it evenly between them (PyTorch's `amax` does the same), so the gradients
-    still sum to the upstream gradient.
-    """
-    ### BEGIN SOLUTION
-    x = node.inputs[0].data
-    axis = node.attrs["axis"]
-    (out,) = node.saved
-    out = restore_reduced(out, node)
-    mask = x == out
-    counts = mask.sum(axis=axis, keepdims=True)
-    return (mask * (restore_reduced(grad, node) / counts),)
-    ### END SOLUTION
-
-
-def var_backward(grad, node):
-    """`x.var(axis, keepdims)` (population variance, divides by N).
-
-    TODO (Exercise 6.4d): d var / d x_i = 2 (x_i - mean) / N.
-    """
-    ### BEGIN SOLUTION
-    x = node.inputs[0].data
-    axis = node.attrs["axis"]
-    count = x.size // max(math.prod(node.shape), 1)
-    centred = x - x.mean(axis=axis, keepdims=True)
-    return (restore_reduced(grad, node) * (2.0 / count) * centred,)
-    ### END SOLUTION
-
-# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-views
-def reshape_backward(grad, node):
-    """`x.reshape(shape)`. TODO (Exercise 6.5a): the gradient goes back to the input's shape."""
-    ### BEGIN SOLUTION
-    return (grad.reshape(node.inputs[0].data.shape),)
-    ### END SOLUTION
-
-
-def transpose_backward(grad, node):
-    """`x.transpose(dim0, dim1)`, with `node.attrs == {"dim0": ..., "dim1": ...}`. TODO (Exercise 6.5b)."""
-    ### BEGIN SOLUTION
-    return (np.swapaxes(grad, node.attrs["dim0"], node.attrs["dim1"]),)
-    ### END SOLUTION
-
-
-def permute_backward(grad, node):
-    "`x.T` (all axes reversed), with `node.attrs == {\"dims\": axes}`: apply the inverse permutation."
-    return (np.transpose(grad, np.argsort(node.attrs["dims"])),)
-
-
-def identity_backward(grad, node):
-    "`contiguous()`: the same values in another layout."
-    return (grad,)
-
-
-def astype_backward(grad, node):
-    "`x.astype(dtype)`: the gradient comes back in the input's (floating-point) dtype."
-    return (grad.astype(node.inputs[0].data.dtype, copy=False),)
-
-
-def getitem_backward(grad, node):
-    """`x[index]`, with `node.attrs == {"index": index}`.
-
-    TODO (Exercise 6.5c): scatter the gradient into zeros of the input's shape. An integer-array
-    index may pick the same element twice (`x[[0, 0]]`): both gradients must be *added*, which a
-    plain assignment `out[index] = grad` does not do.
-    HINT: NumPy's `ufunc.at` methods apply an operation unbuffered, once per index.
-    """
-    ### BEGIN SOLUTION
-    out = np.zeros(node.inputs[0].data.shape, dtype=grad.dtype)
-    np.add.at(out, node.attrs["index"], grad)
-    return (out,)
-    ### END SOLUTION
-
-
-def concatenate_backward(grad, node):
-    """`concatenate(tensors, axis)`, with `node.attrs == {"axis": axis}` and `node.saved == (sizes,)`,
-    each input's size along `axis`. TODO (Exercise 6.5d): cut the gradient back into one piece per input."""
-    ### BEGIN SOLUTION
-    axis = node.attrs["axis"]
-    (sizes,) = node.saved
-    return tuple(np.split(grad, np.cumsum(sizes)[:-1], axis=axis))
-    ### END SOLUTION
-
-
-def stack_backward(grad, node):
-    "`stack(tensors, axis)`, with `node.attrs == {\"axis\": axis}`: slice i along `axis` is input i's gradient."
-    return tuple(np.moveaxis(grad, node.attrs["axis"], 0))
-
-# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-elementwise
-def exp_backward(grad, node):
-    """`x.exp()`, with `node.saved == (x, out)`. TODO (Exercise 6.6a): reuse the saved output."""
-    ### BEGIN SOLUTION
-    return (grad * node.saved[1],)
-    ### END SOLUTION
-
-
-def log_backward(grad, node):
-    """`x.log()`, with `node.saved == (x, out)`. TODO (Exercise 6.6b)."""
-    ### BEGIN SOLUTION
-    return (grad / node.saved[0],)
-    ### END SOLUTION
-
-
-def sqrt_backward(grad, node):
-    """`x.sqrt()`, with `node.saved == (x, out)`. TODO (Exercise 6.6c): reuse the saved output."""
-    ### BEGIN SOLUTION
-    return (grad * 0.5 / node.saved[1],)
-    ### END SOLUTION
-
-
-def tanh_backward(grad, node):
-    """`x.tanh()` and `Tanh()(x)`, with `node.saved == (x, out)`. TODO (Exercise 6.6d): in terms of the output."""
-    ### BEGIN SOLUTION
-    out = node.saved[1]
-    return (grad * (1 - out * out),)
-    ### END SOLUTION
-
-
-def abs_backward(grad, node):
-    "`x.abs()`: the sign of x (0 at 0, as in PyTorch)."
-    return (grad * np.sign(node.saved[0]),)
-
-
-def where_backward(grad, node):
-    """`where(cond, x, y)`, with `node.saved == (cond,)` (a boolean array). TODO (Exercise 6.6e): the gradient goes to
-    `x` where `cond` is True and to `y` elsewhere; the condition itself gets none (None)."""
-    ### BEGIN SOLUTION
-    (cond,) = node.saved
-    return None, np.where(cond, grad, 0), np.where(cond, 0, grad)
-    ### END SOLUTION
-
-
-def masked_fill_backward(grad, node):
-    "`x.masked_fill(mask, value)`, with `node.attrs[\"mask\"]`: filled positions no longer depend on x."
-    return (np.where(node.attrs["mask"], 0, grad),)
-
-# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-activations
-def relu_backward(grad, node):
-    """`ReLU()(x)`, with `node.saved == (out,)`. TODO (Exercise 6.7a)."""
-    ### BEGIN SOLUTION
-    return (grad * (node.saved[0] > 0),)
-    ### END SOLUTION
-
-
-def sigmoid_backward(grad, node):
-    """`Sigmoid()(x)`, with `node.saved == (out,)`. TODO (Exercise 6.7b): in terms of the output."""
-    ### BEGIN SOLUTION
-    s = node.saved[0]
-    return (grad * s * (1 - s),)
-    ### END SOLUTION
-
-
-GELU_C = math.sqrt(2 / math.pi)
-
-
-def gelu_backward(grad, node):
-    """`GELU()(x)` (tanh form), with `node.saved == (x,)`.
-
-    TODO (Exercise 6.7c): differentiate `0.5 x (1 + tanh(u))` with `u = c (x + 0.044715 x^3)`,
-    `c = sqrt(2 / pi)` (`GELU_C`): product rule, then the chain rule through tanh.
-    """
-    ### BEGIN SOLUTION
-    (x,) = node.saved
-    t = np.tanh(GELU_C * (x + 0.044715 * x * x * x))
-    du = GELU_C * (1 + 3 * 0.044715 * x * x)
-    return (grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
-    ### END SOLUTION
-
-
-def softmax_backward(grad, node):
-    """`Softmax(dim)(x)`, with `node.saved == (out,)` and `node.attrs == {"axis": axis}`.
-
-    TODO (Exercise 6.7d): the Jacobian of softmax is `diag(s) - s s^T` per slice; never build it.
-    Multiplied by `grad` it is `s * (grad - sum(grad * s))`, the sum along `axis`.
-    """
-    ### BEGIN SOLUTION
-    (s,) = node.saved
-    axis = node.attrs["axis"]
-    return (s * (grad - (grad * s).sum(axis=axis, keepdims=True)),)
-    ### END SOLUTION
-
-
-def log_softmax_backward(grad, node):
-    """`LogSoftmax(dim)(x)`, with `node.saved == (out,)` and `node.attrs["axis"]`: `grad - softmax(x) * sum(grad)` along axis."""
-    (out,) = node.saved
-    axis = node.attrs["axis"]
-    return (grad - np.exp(out) * grad.sum(axis=axis, keepdims=True),)
-
-# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-losses
-def log_sum_exp_backward(grad, node):
-    "`log_sum_exp(x, axis, keepdims)`, recorded like a reduction: the gradient is softmax(x) along `axis`."
-    x = node.inputs[0].data
-    lse = restore_reduced(node.saved[0], node)
-    return (restore_reduced(grad, node) * np.exp(x - lse),)
-
-
-def mse_backward(grad, node):
-    """`MSELoss()(pred, target)`, with `node.saved == (diff,)`, `diff = pred - target`.
-
-    TODO (Exercise 6.8a): d/dpred of `mean(diff^2)`; the target's gradient is its negative.
-    """
-    ### BEGIN SOLUTION
-    (diff,) = node.saved
-    g = grad * (2.0 / diff.size) * diff
-    return g, -g
-    ### END SOLUTION
-
-
-def cross_entropy_backward(grad, node):
-    """`CrossEntropyLoss()(logits, y)`, with `node.saved == (s, lse, y)`: shifted logits `(N, C)`,
-    their row-wise log-sum-exp `(N,)` and the labels.
-
-    TODO (Exercise 6.8b): the famous result: `(softmax(logits) - one_hot(y)) / N`, times `grad`.
-    The probabilities are `exp(s - lse)`; subtract 1 at each row's label without building a
-    one-hot matrix.
-    """
-    ### BEGIN SOLUTION
-    s, lse, y = node.saved
-    p = np.exp(s - lse[:, None])
-    p[np.arange(len(y)), y] -= 1
-    return (p * (grad / len(y)),)
-    ### END SOLUTION
-
-
-def binary_cross_entropy_backward(grad, node):
-    "`BinaryCrossEntropyLoss()(p, t)`, with `node.saved == (clipped p, t)`; gradients for p and t."
-    pc, t = node.saved
-    n = pc.size
-    return grad * (pc - t) / (pc * (1 - pc)) / n, grad * (np.log1p(-pc) - np.log(pc)) / n
-
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-rules
 BACKWARD_RULES = {
     "add": add_backward, "sub": sub_backward, "mul": mul_backward, "div": div_backward,
-    "pow": pow_backward, "neg": neg_backward, "matmul": matmul_backward,
-    "sum": sum_backward, "mean": mean_backward, "max": max_backward, "var": var_backward,
-    "reshape": reshape_backward, "transpose": transpose_backward, "permute": permute_backward,
-    "contiguous": identity_backward, "astype": astype_backward, "getitem": getitem_backward,
-    "concatenate": concatenate_backward, "stack": stack_backward,
-    "exp": exp_backward, "log": log_backward, "sqrt": sqrt_backward, "tanh": tanh_backward,
-    "abs": abs_backward, "where": where_backward, "masked_fill": masked_fill_backward,
-    "relu": relu_backward, "sigmoid": sigmoid_backward, "gelu": gelu_backward,
-    "softmax": softmax_backward, "log_softmax": log_softmax_backward,
-    "log_sum_exp": log_sum_exp_backward, "mse": mse_backward, "cross_entropy": cross_entropy_backward,
-    "binary_cross_entropy": binary_cross_entropy_backward,
+    "pow": pow_backward, "neg": neg_backward,
 }
-"Op name (as recorded by `Tensor.from_op`) -> backward rule `(grad, node) -> one gradient per input`."
+"Op name (as recorded by `Tensor.from_op`) -> backward rule `(grad, node) -> one gradient per input`; section 5 adds the other ops."
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-backward
 def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
@@ -440,7 +117,7 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
 
     `Tensor.backward` calls this function (the one extension point from module 01).
 
-    TODO (Exercise 6.9): the traversal. Leave the three checks of the contract in place, then:
+    TODO (Exercise 6.4): the traversal. Leave the three checks of the contract in place, then:
 
     CONTRACT:
     - `grad` defaults to ones only for a one-element `tensor` (a loss); any other tensor without
@@ -529,6 +206,338 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
             node.inputs = None
             node.saved = None
     ### END SOLUTION
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-matmul
+def matmul_backward(grad, node):
+    """`a @ b`, with `node.saved == (a, b)`: 1-D, 2-D, or batched with broadcast batch axes.
+
+    TODO (Exercise 6.5): for 2-D operands, `dL/da = grad @ b.T` and `dL/db = a.T @ grad`.
+
+    CONTRACT:
+    - Returns `(grad_a, grad_b)` with exactly the shapes of `a` and `b`.
+    - A 1-D `a` acts as a row `(1, k)` and a 1-D `b` as a column `(k, 1)` whose extra axis the
+      result dropped: put that axis back into `grad` before multiplying, and drop it again after.
+    - Batch axes that broadcasting stretched must be summed back (`unbroadcast`).
+    - Skip a gradient (None) when `node.inputs[i]` is None or does not require grad: the input
+      batch of `x @ W.T` needs none, and its product is the largest of the backward pass.
+    - Two 1-D operands make a dot product whose `grad` is 0-d.
+    HINTS: `np.swapaxes(x, -1, -2)` transposes the last two axes of any batch;
+    `np.expand_dims`; `np.matmul`.
+    """
+    ### BEGIN SOLUTION
+    a, b = node.saved
+    need_a = node.inputs[0] is not None and node.inputs[0].requires_grad
+    need_b = node.inputs[1] is not None and node.inputs[1].requires_grad
+    if a.ndim == 1 and b.ndim == 1:  # a dot product: grad is 0-d
+        return (grad * b if need_a else None), (grad * a if need_b else None)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    g = grad
+    if a.ndim == 1:
+        g = np.expand_dims(g, -2)
+    if b.ndim == 1:
+        g = np.expand_dims(g, -1)
+    ga = gb = None
+    if need_a:
+        ga = unbroadcast(np.matmul(g, np.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
+    if need_b:
+        if b2.ndim == 2:
+            # a matrix shared by every row of a batch: one large product instead of a sum of small ones
+            af, gf = a2.reshape(-1, a2.shape[-1]), g.reshape(-1, g.shape[-1])
+            # `x @ W.T` passes W.T, a transposed view: compute its gradient in W's own layout
+            gb = np.matmul(gf.T, af).T if b2.flags.f_contiguous and not b2.flags.c_contiguous else np.matmul(af.T, gf)
+        else:
+            gb = unbroadcast(np.matmul(np.swapaxes(a2, -1, -2), g), b2.shape)
+        gb = gb.reshape(b.shape)
+    return ga, gb
+    ### END SOLUTION
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-reductions
+def restore_reduced(grad, node) -> np.ndarray:
+    """Give a reduction's gradient back the input's rank: put back the axes `keepdims=False` removed.
+
+    Every reduction records `node.attrs == {"axis": ..., "keepdims": ...}` and `node.saved == (out,)`;
+    the result broadcasts against the input (it is not yet expanded to the input's shape).
+    """
+    axis, keepdims = node.attrs["axis"], node.attrs["keepdims"]
+    ndim = node.inputs[0].data.ndim
+    if axis is None:
+        return grad.reshape((1,) * ndim)
+    if not keepdims:
+        axes = tuple(axis) if isinstance(axis, tuple) else (axis,)
+        grad = np.expand_dims(grad, tuple(a % ndim for a in axes))
+    return grad
+
+
+def sum_backward(grad, node):
+    """`x.sum(axis, keepdims)`. TODO (Exercise 6.6a): every summed element gets the gradient of its sum.
+
+    HINTS: `restore_reduced` (given above); `np.broadcast_to` gives the input's shape without a copy.
+    """
+    ### BEGIN SOLUTION
+    return (np.broadcast_to(restore_reduced(grad, node), node.inputs[0].data.shape),)
+    ### END SOLUTION
+
+
+def mean_backward(grad, node):
+    """`x.mean(axis, keepdims)`. TODO (Exercise 6.6b): like sum, divided by how many elements each mean averaged."""
+    ### BEGIN SOLUTION
+    x = node.inputs[0].data
+    count = x.size // max(math.prod(node.shape), 1)
+    return (np.broadcast_to(restore_reduced(grad, node) / count, x.shape),)
+    ### END SOLUTION
+
+
+def max_backward(grad, node):
+    """`x.max(axis, keepdims)`, with the result in `node.saved == (out,)`.
+
+    TODO (Exercise 6.6c): the gradient flows only to the elements equal to their maximum; when
+    several tie, split it evenly between them (PyTorch's `amax` does the same), so the gradients
+    still sum to the upstream gradient.
+    """
+    ### BEGIN SOLUTION
+    x = node.inputs[0].data
+    axis = node.attrs["axis"]
+    (out,) = node.saved
+    out = restore_reduced(out, node)
+    mask = x == out
+    counts = mask.sum(axis=axis, keepdims=True)
+    return (mask * (restore_reduced(grad, node) / counts),)
+    ### END SOLUTION
+
+
+def var_backward(grad, node):
+    """`x.var(axis, keepdims)` (population variance, divides by N).
+
+    TODO (Exercise 6.6d): d var / d x_i = 2 (x_i - mean) / N.
+    """
+    ### BEGIN SOLUTION
+    x = node.inputs[0].data
+    axis = node.attrs["axis"]
+    count = x.size // max(math.prod(node.shape), 1)
+    centred = x - x.mean(axis=axis, keepdims=True)
+    return (restore_reduced(grad, node) * (2.0 / count) * centred,)
+    ### END SOLUTION
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-views
+def reshape_backward(grad, node):
+    """`x.reshape(shape)`. TODO (Exercise 6.7a): the gradient goes back to the input's shape."""
+    ### BEGIN SOLUTION
+    return (grad.reshape(node.inputs[0].data.shape),)
+    ### END SOLUTION
+
+
+def transpose_backward(grad, node):
+    """`x.transpose(dim0, dim1)`, with `node.attrs == {"dim0": ..., "dim1": ...}`. TODO (Exercise 6.7b)."""
+    ### BEGIN SOLUTION
+    return (np.swapaxes(grad, node.attrs["dim0"], node.attrs["dim1"]),)
+    ### END SOLUTION
+
+
+def permute_backward(grad, node):
+    "`x.T` (all axes reversed), with `node.attrs == {\"dims\": axes}`: apply the inverse permutation."
+    return (np.transpose(grad, np.argsort(node.attrs["dims"])),)
+
+
+def identity_backward(grad, node):
+    "`contiguous()`: the same values in another layout."
+    return (grad,)
+
+
+def astype_backward(grad, node):
+    "`x.astype(dtype)`: the gradient comes back in the input's (floating-point) dtype."
+    return (grad.astype(node.inputs[0].data.dtype, copy=False),)
+
+
+def getitem_backward(grad, node):
+    """`x[index]`, with `node.attrs == {"index": index}`.
+
+    TODO (Exercise 6.7c): scatter the gradient into zeros of the input's shape. An integer-array
+    index may pick the same element twice (`x[[0, 0]]`): both gradients must be *added*, which a
+    plain assignment `out[index] = grad` does not do.
+    HINT: NumPy's `ufunc.at` methods apply an operation unbuffered, once per index.
+    """
+    ### BEGIN SOLUTION
+    out = np.zeros(node.inputs[0].data.shape, dtype=grad.dtype)
+    np.add.at(out, node.attrs["index"], grad)
+    return (out,)
+    ### END SOLUTION
+
+
+def concatenate_backward(grad, node):
+    """`concatenate(tensors, axis)`, with `node.attrs == {"axis": axis}` and `node.saved == (sizes,)`,
+    each input's size along `axis`. TODO (Exercise 6.7d): cut the gradient back into one piece per input."""
+    ### BEGIN SOLUTION
+    axis = node.attrs["axis"]
+    (sizes,) = node.saved
+    return tuple(np.split(grad, np.cumsum(sizes)[:-1], axis=axis))
+    ### END SOLUTION
+
+
+def stack_backward(grad, node):
+    "`stack(tensors, axis)`, with `node.attrs == {\"axis\": axis}`: slice i along `axis` is input i's gradient."
+    return tuple(np.moveaxis(grad, node.attrs["axis"], 0))
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-elementwise
+def exp_backward(grad, node):
+    """`x.exp()`, with `node.saved == (x, out)`. TODO (Exercise 6.8a): reuse the saved output."""
+    ### BEGIN SOLUTION
+    return (grad * node.saved[1],)
+    ### END SOLUTION
+
+
+def log_backward(grad, node):
+    """`x.log()`, with `node.saved == (x, out)`. TODO (Exercise 6.8b)."""
+    ### BEGIN SOLUTION
+    return (grad / node.saved[0],)
+    ### END SOLUTION
+
+
+def sqrt_backward(grad, node):
+    """`x.sqrt()`, with `node.saved == (x, out)`. TODO (Exercise 6.8c): reuse the saved output."""
+    ### BEGIN SOLUTION
+    return (grad * 0.5 / node.saved[1],)
+    ### END SOLUTION
+
+
+def tanh_backward(grad, node):
+    """`x.tanh()` and `Tanh()(x)`, with `node.saved == (x, out)`. TODO (Exercise 6.8d): in terms of the output."""
+    ### BEGIN SOLUTION
+    out = node.saved[1]
+    return (grad * (1 - out * out),)
+    ### END SOLUTION
+
+
+def abs_backward(grad, node):
+    "`x.abs()`: the sign of x (0 at 0, as in PyTorch)."
+    return (grad * np.sign(node.saved[0]),)
+
+
+def where_backward(grad, node):
+    """`where(cond, x, y)`, with `node.saved == (cond,)` (a boolean array). TODO (Exercise 6.8e): the gradient goes to
+    `x` where `cond` is True and to `y` elsewhere; the condition itself gets none (None)."""
+    ### BEGIN SOLUTION
+    (cond,) = node.saved
+    return None, np.where(cond, grad, 0), np.where(cond, 0, grad)
+    ### END SOLUTION
+
+
+def masked_fill_backward(grad, node):
+    "`x.masked_fill(mask, value)`, with `node.attrs[\"mask\"]`: filled positions no longer depend on x."
+    return (np.where(node.attrs["mask"], 0, grad),)
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-activations
+def relu_backward(grad, node):
+    """`ReLU()(x)`, with `node.saved == (out,)`. TODO (Exercise 6.9a)."""
+    ### BEGIN SOLUTION
+    return (grad * (node.saved[0] > 0),)
+    ### END SOLUTION
+
+
+def sigmoid_backward(grad, node):
+    """`Sigmoid()(x)`, with `node.saved == (out,)`. TODO (Exercise 6.9b): in terms of the output."""
+    ### BEGIN SOLUTION
+    s = node.saved[0]
+    return (grad * s * (1 - s),)
+    ### END SOLUTION
+
+
+GELU_C = math.sqrt(2 / math.pi)
+
+
+def gelu_backward(grad, node):
+    """`GELU()(x)` (tanh form), with `node.saved == (x,)`.
+
+    TODO (Exercise 6.9c): differentiate `0.5 x (1 + tanh(u))` with `u = c (x + 0.044715 x^3)`,
+    `c = sqrt(2 / pi)` (`GELU_C`): product rule, then the chain rule through tanh.
+    """
+    ### BEGIN SOLUTION
+    (x,) = node.saved
+    t = np.tanh(GELU_C * (x + 0.044715 * x * x * x))
+    du = GELU_C * (1 + 3 * 0.044715 * x * x)
+    return (grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
+    ### END SOLUTION
+
+
+def softmax_backward(grad, node):
+    """`Softmax(dim)(x)`, with `node.saved == (out,)` and `node.attrs == {"axis": axis}`.
+
+    TODO (Exercise 6.9d): the Jacobian of softmax is `diag(s) - s s^T` per slice along `axis`:
+    return `J @ grad` for every slice without ever building `J` (derive it in the markdown above).
+
+    CONTRACT: the result has `grad`'s shape and dtype; O(C) work per slice of `C` values; since
+    the outputs of a softmax always sum to 1, the result sums to 0 along `axis` in every slice.
+    HINTS: reductions with `keepdims=True` broadcast back against the slice.
+    """
+    ### BEGIN SOLUTION
+    (s,) = node.saved
+    axis = node.attrs["axis"]
+    return (s * (grad - (grad * s).sum(axis=axis, keepdims=True)),)
+    ### END SOLUTION
+
+
+def log_softmax_backward(grad, node):
+    """`LogSoftmax(dim)(x)`, with `node.saved == (out,)` and `node.attrs["axis"]`: `grad - softmax(x) * sum(grad)` along axis."""
+    (out,) = node.saved
+    axis = node.attrs["axis"]
+    return (grad - np.exp(out) * grad.sum(axis=axis, keepdims=True),)
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-losses
+def log_sum_exp_backward(grad, node):
+    "`log_sum_exp(x, axis, keepdims)`, recorded like a reduction: the gradient is softmax(x) along `axis`."
+    x = node.inputs[0].data
+    lse = restore_reduced(node.saved[0], node)
+    return (restore_reduced(grad, node) * np.exp(x - lse),)
+
+
+def mse_backward(grad, node):
+    """`MSELoss()(pred, target)`, with `node.saved == (diff,)`, `diff = pred - target`.
+
+    TODO (Exercise 6.10a): d/dpred of `mean(diff^2)`; the target's gradient is its negative.
+    """
+    ### BEGIN SOLUTION
+    (diff,) = node.saved
+    g = grad * (2.0 / diff.size) * diff
+    return g, -g
+    ### END SOLUTION
+
+
+def cross_entropy_backward(grad, node):
+    """`CrossEntropyLoss()(logits, y)`, with `node.saved == (s, lse, y)`: shifted logits `(N, C)`,
+    their row-wise log-sum-exp `(N,)` and the labels.
+
+    TODO (Exercise 6.10b): the famous result: `(softmax(logits) - one_hot(y)) / N`, times `grad`.
+    The probabilities are `exp(s - lse)`; subtract 1 at each row's label without building a
+    one-hot matrix.
+    """
+    ### BEGIN SOLUTION
+    s, lse, y = node.saved
+    p = np.exp(s - lse[:, None])
+    p[np.arange(len(y)), y] -= 1
+    return (p * (grad / len(y)),)
+    ### END SOLUTION
+
+
+def binary_cross_entropy_backward(grad, node):
+    "`BinaryCrossEntropyLoss()(p, t)`, with `node.saved == (clipped p, t)`; gradients for p and t."
+    pc, t = node.saved
+    n = pc.size
+    return grad * (pc - t) / (pc * (1 - pc)) / n, grad * (np.log1p(-pc) - np.log(pc)) / n
+
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-rules-rest
+BACKWARD_RULES.update({
+    "matmul": matmul_backward,
+    "sum": sum_backward, "mean": mean_backward, "max": max_backward, "var": var_backward,
+    "reshape": reshape_backward, "transpose": transpose_backward, "permute": permute_backward,
+    "contiguous": identity_backward, "astype": astype_backward, "getitem": getitem_backward,
+    "concatenate": concatenate_backward, "stack": stack_backward,
+    "exp": exp_backward, "log": log_backward, "sqrt": sqrt_backward, "tanh": tanh_backward,
+    "abs": abs_backward, "where": where_backward, "masked_fill": masked_fill_backward,
+    "relu": relu_backward, "sigmoid": sigmoid_backward, "gelu": gelu_backward,
+    "softmax": softmax_backward, "log_softmax": log_softmax_backward,
+    "log_sum_exp": log_sum_exp_backward, "mse": mse_backward, "cross_entropy": cross_entropy_backward,
+    "binary_cross_entropy": binary_cross_entropy_backward,
+})
 
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-tools
 class no_grad:

@@ -461,10 +461,13 @@ class BatchNorm2dFunction(Function):
     def backward(ctx, grad):
         """`grad (N, C, H, W)` -> `(grad_x, grad_weight, grad_bias)`.
 
-        TODO (Exercise 9.7a): the formulas above the cell, one vectorised expression each.
+        TODO (Exercise 9.7a): the gradients you derived from the markdown above, one vectorised
+        expression each.
 
         CONTRACT: `ctx.saved` is `(x_hat, inv_std, weight, batch_stats)`; `inv_std` and `weight` are
-        `(C,)`; reductions are over the axes `(0, 2, 3)`.
+        `(C,)`; reductions are over the axes `(0, 2, 3)`. With `batch_stats` (training mode) the
+        input gradient sums to zero over each channel and is orthogonal to `x_hat` per channel;
+        without it the statistics are constants.
         HINTS: `reshape(1, -1, 1, 1)` lines a `(C,)` array up with the channel axis;
         `ndarray.mean(axis=..., keepdims=True)`.
         """
