@@ -65,12 +65,28 @@ def np_cross_entropy(z, y):
     return (lse - z[np.arange(len(y)), y]).mean()
 
 
+def observed(fn):
+    "`fn` run with a do-nothing op observer registered (module 01's `observe_ops`): what observing costs."
+    from tinytorch.core.tensor import observe_ops
+
+    def run():
+        with observe_ops(lambda node, out: None):
+            return fn()
+    return run
+
+
 def cases(rng, Old):
     """(name, tinytorch fn, old-module fn or None, NumPy fn) for every row."""
     x10 = rng.standard_normal(10).astype(np.float32)
     t10, o10 = Tensor(x10), Old(x10) if Old else None
     yield "x * 0.999 (10 elements)", lambda: t10 * 0.999, Old and (lambda: o10 * 0.999), lambda: x10 * 0.999
     yield "x + y (10 elements)", lambda: t10 + t10, Old and (lambda: o10 + o10), lambda: x10 + x10
+    g10 = Tensor(x10, requires_grad=True)
+    og10 = Old(x10, requires_grad=True) if Old else None
+    yield "x * 0.999 recorded (requires_grad)", lambda: g10 * 0.999, Old and (lambda: og10 * 0.999), lambda: x10 * 0.999
+    hundred = lambda: [t10 * 0.999 for _ in range(100)]
+    yield "100 x (x * 0.999), not observed", hundred, None, lambda: [x10 * 0.999 for _ in range(100)]
+    yield "100 x (x * 0.999), observed", observed(hundred), None, lambda: [x10 * 0.999 for _ in range(100)]
     for n in (64, 1024):
         a32 = rng.standard_normal((n, n)).astype(np.float32)
         b32 = rng.standard_normal((n, n)).astype(np.float32)

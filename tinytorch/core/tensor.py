@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import types
 
 import numpy as np
 
@@ -73,6 +74,9 @@ def set_grad_enabled(mode: bool) -> bool:
     return previous
 
 
+_NO_ATTRS = types.MappingProxyType({})  # the attrs of an op without arguments: empty and read-only, shared
+
+
 class Node:
     """The record of one op result: which op made it, from what, with which arguments.
 
@@ -80,7 +84,8 @@ class Node:
     - `inputs`: one entry per operand: the input Tensor, or None for a constant.
     - `attrs`: the forward op's own arguments by name, e.g. `{'axis': 1, 'keepdims': True}` for a
       sum, `{'shape': (2, 3)}` for a reshape, `{'other': 0.5}` for `x * 0.5` (a constant operand
-      is an argument): `op`, `attrs` and the input values are enough to run the op again.
+      is an argument): `op`, `attrs` and the input values are enough to run the op again. An op
+      without arguments shares one empty, read-only mapping.
     - `saved`: what the op's backward rule needs (the operand arrays of `*`, the output of a
       sigmoid): a tuple, or a `Function`'s `ctx` (module 06).
     - `shape`, `dtype`: the output's.
@@ -98,7 +103,7 @@ class Node:
 
     def __init__(self, inputs: tuple, saved=(), attrs: dict | None = None, shape: tuple = (), dtype=None):
         self.inputs, self.saved, self.shape, self.dtype = inputs, saved, shape, dtype
-        self.attrs = {} if attrs is None else attrs
+        self.attrs = _NO_ATTRS if attrs is None else attrs
 
     def __repr__(self) -> str:
         if self.inputs is None:
@@ -271,24 +276,24 @@ class Tensor:
         observers, if any, see every result, recorded or not.
         """
         out = _new(Tensor)
-        out.data = data if type(data) is np.ndarray else np.asarray(data)
+        arr = out.data = data if type(data) is np.ndarray else np.asarray(data)
         out.grad = None
         out._retains_grad = False
         if _GRAD_ENABLED:
             for t in inputs:
                 if t is not None and t.requires_grad:
-                    if out.data.dtype.kind != "f":
+                    dtype = arr.dtype
+                    if dtype.kind != "f":
                         break
                     out.requires_grad = True
-                    node = out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(
-                        inputs, saved, attrs, out.data.shape, out.data.dtype)
+                    node = out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, dtype)
                     if _OP_OBSERVERS:
                         _notify(node, out)
                     return out
         out.requires_grad = False
         out.grad_fn = None
         if _OP_OBSERVERS:
-            _notify((_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, out.data.shape, out.data.dtype), out)
+            _notify((_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, arr.dtype), out)
         return out
 
     # ----- metadata: all of it is read from the NumPy buffer, nothing is copied -----
