@@ -44,22 +44,26 @@ class Mutation:
         return f"{self.module}:{self.function}:{self.why}"
 
 
-def _function_span(lines: list[str], function: str) -> tuple[int, int]:
-    "(first, end) line indices of `def name` (a method when 'Class.method') in `lines`."
+def _function_span(source: str, function: str) -> tuple[int, int]:
+    """(first, end) 0-based line indices of the body of `function` ('name' or 'Class.method') in
+    `source`, its docstring left out (a fragment in the docstring is not code)."""
+    import ast
+
     cls, _, name = function.rpartition(".")
-    start = 0
+    scope = ast.parse(source).body
     if cls:
-        start = next((i for i, ln in enumerate(lines) if re.match(rf"\s*class {re.escape(cls)}\b", ln)), None)
-        if start is None:
+        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls]
+        if not found:
             raise LookupError(f"class {cls} not found")
-    first = next((i for i in range(start, len(lines)) if re.match(rf"\s*def {re.escape(name)}\(", lines[i])), None)
-    if first is None:
+        scope = found[0].body
+    defs = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    if not defs:
         raise LookupError(f"def {name} not found" + (f" in class {cls}" if cls else ""))
-    indent = len(lines[first]) - len(lines[first].lstrip())
-    end = first + 1
-    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
-        end += 1
-    return first, end
+    body = defs[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str) and len(body) > 1:
+        body = body[1:]
+    return body[0].lineno - 1, defs[0].end_lineno
 
 
 def apply_mutation(package: Path, m: Mutation) -> str:
@@ -68,8 +72,9 @@ def apply_mutation(package: Path, m: Mutation) -> str:
     Raises LookupError when the fragment is not in the function exactly once (the code changed:
     update the mutation)."""
     path = package / m.file
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    first, end = _function_span(lines, m.function)
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines(keepends=True)
+    first, end = _function_span(source, m.function)
     hits = [i for i in range(first, end) if m.old in lines[i]]
     if len(hits) != 1 or lines[hits[0]].count(m.old) != 1:
         raise LookupError(f"mutation {m.name}: {m.old!r} occurs {len(hits)} times in {m.function} of {m.file}; "
@@ -180,8 +185,8 @@ MUTATIONS: list[Mutation] = [
              "scaled by the squared norm"),
     Mutation("09", SPATIAL, "col2im", "grad[:, :, rows, cols] +=", "grad[:, :, rows, cols] =",
              "overlapping windows overwrite instead of adding"),
-    Mutation("09", SPATIAL, "AvgPool2dFunction.backward", "grad_x[:, :, rows, cols] += share",
-             "grad_x[:, :, rows, cols] = share", "overlapping windows overwrite instead of adding"),
+    Mutation("09", SPATIAL, "AvgPool2dFunction.backward", "] += share", "] = share",
+             "overlapping windows overwrite instead of adding"),
     Mutation("09", SPATIAL, "BatchNorm2d.forward", "var * (m / (m - 1))", "var", "running variance biased"),
     Mutation("09", SPATIAL, "BatchNorm2d.forward", "batch_stats=self.training", "batch_stats=True",
              "batch statistics in eval mode"),

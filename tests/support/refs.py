@@ -174,13 +174,13 @@ def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, e
     Normalizes with the batch's biased variance; the running variance takes the unbiased one
     (Ioffe and Szegedy 2015, Algorithm 2; PyTorch's convention)."""
     axes = (0, 2, 3)
-    m = x.shape[0] * x.shape[2] * x.shape[3]
+    count = x.size // x.shape[1]  # values per channel
     mean = x.mean(axis=axes)
     var = ((x - mean[None, :, None, None]) ** 2).mean(axis=axes)
     xhat = (x - mean[None, :, None, None]) / np.sqrt(var + eps)[None, :, None, None]
     y = xhat * np.asarray(weight)[None, :, None, None] + np.asarray(bias)[None, :, None, None]
     new_mean = (1 - momentum) * np.asarray(running_mean, np.float64) + momentum * mean
-    new_var = (1 - momentum) * np.asarray(running_var, np.float64) + momentum * var * m / (m - 1)
+    new_var = (1 - momentum) * np.asarray(running_var, np.float64) + momentum * var * count / (count - 1)
     return y, new_mean, new_var
 
 
@@ -262,29 +262,104 @@ def adam_step(p, g, m, v, t, *, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0
     return p - lr * m_hat / (np.sqrt(v_hat) + eps), m, v
 
 
-def optimizer_trajectory(rule: str, problem, steps: int, **kw):
-    """Closed-form trajectory of `rule` ('SGD', 'Adam', 'AdamW') on `problem` = (starts, grad_fn,
-    skip): grad_fn(t, k, p) gives parameter k's gradient at step t, skip[t, k] True means that
-    parameter has no gradient at step t (left untouched, its state too, as PyTorch does).
-    Returns the list over steps of the list of parameters (float64)."""
-    starts, grad_fn, skip = problem
-    params = [np.array(p, dtype=np.float64) for p in starts]
-    state = [dict(n=0, buf=None, m=np.zeros_like(p), v=np.zeros_like(p)) for p in params]
-    out = []
-    for t in range(steps):
-        for k, p in enumerate(params):
-            if skip is not None and skip[t, k]:
+class ReferenceOptimizer:
+    """The update rules above as an optimizer over arrays: `step(params, grads)` updates `params` (a
+    list of arrays, in place) where the gradient is not None, PyTorch's way: a parameter without a
+    gradient is left alone, its state too. `rule`: 'SGD', 'Adam' or 'AdamW' (weight_decay 0.01 by
+    default, as torch.optim.AdamW). `state[k]` holds what torch.optim's state holds:
+    momentum_buffer (SGD with momentum), or step, exp_avg, exp_avg_sq (Adam, AdamW). Computes in
+    the parameters' dtype (float32 arrays stay float32, as the optimizers under test do)."""
+
+    def __init__(self, rule: str, **kw):
+        if rule not in ("SGD", "Adam", "AdamW"):
+            raise ValueError(f"ReferenceOptimizer: unknown rule {rule!r}; expected 'SGD', 'Adam' or 'AdamW'")
+        self.rule, self.kw = rule, dict(kw)
+        if rule == "AdamW":
+            self.kw.setdefault("weight_decay", 0.01)
+        self.state: dict[int, dict] = {}
+
+    def step(self, params, grads) -> None:
+        for k, (p, g) in enumerate(zip(params, grads)):
+            if g is None:
                 continue
-            g = np.asarray(grad_fn(t, k, p), dtype=np.float64)
-            s = state[k]
-            s["n"] += 1
-            if rule == "SGD":
-                params[k], s["buf"] = sgd_step(p, g, s["buf"], first=s["n"] == 1, **kw)
-            elif rule in ("Adam", "AdamW"):
-                if rule == "AdamW":
-                    kw = {"weight_decay": 0.01, **kw}
-                params[k], s["m"], s["v"] = adam_step(p, g, s["m"], s["v"], s["n"], decoupled=rule == "AdamW", **kw)
+            g = np.asarray(g, dtype=p.dtype)
+            if self.rule == "SGD":
+                s = self.state.get(k)
+                new, buf = sgd_step(p, g, None if s is None else s["momentum_buffer"], first=s is None, **self.kw)
+                if self.kw.get("momentum"):
+                    self.state[k] = {"momentum_buffer": np.asarray(buf, dtype=p.dtype)}
             else:
-                raise ValueError(f"optimizer_trajectory: unknown rule {rule!r}; expected 'SGD', 'Adam' or 'AdamW'")
-        out.append([p.copy() for p in params])
-    return out
+                s = self.state.setdefault(k, {"step": 0, "exp_avg": np.zeros_like(p), "exp_avg_sq": np.zeros_like(p)})
+                s["step"] += 1
+                new, s["exp_avg"], s["exp_avg_sq"] = adam_step(p, g, s["exp_avg"], s["exp_avg_sq"], s["step"],
+                                                               decoupled=self.rule == "AdamW", **self.kw)
+            p[...] = new
+
+
+def max_pool2d_grad(x, kernel, stride, upstream):
+    """The input gradient of max pooling with each window's gradient routed to its *first* maximum
+    (row-major order inside the window, PyTorch's CPU convention for ties)."""
+    (kh, kw), (sh, sw) = _pair(kernel), _pair(stride if stride is not None else kernel)
+    n, c, oh, ow = upstream.shape
+    grad = np.zeros(x.shape)
+    for i in range(oh):
+        for j in range(ow):
+            win = x[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw].reshape(n, c, -1)
+            first = np.argmax(win, axis=-1)
+            for b in range(n):
+                for ch in range(c):
+                    p, q = divmod(int(first[b, ch]), kw)
+                    grad[b, ch, i * sh + p, j * sw + q] += upstream[b, ch, i, j]
+    return grad
+
+
+def transformer_block(x, p: dict, num_heads: int, prefix: str = ""):
+    """A pre-norm GPT block (GPT-2's layout) from parameters named as tinytorch names them:
+    x + attn(ln1(x)) with a causal mask, then x + proj(gelu(fc(ln2(x))))."""
+    def w(name):
+        return p[prefix + name]
+
+    t = x.shape[-2]
+    h = layer_norm(x, w("ln1.weight"), w("ln1.bias"))
+    x = x + multi_head_attention(h, h, h, *(w(f"attn.{n}_proj.{k}") for n in "qkv" for k in ("weight", "bias")),
+                                 w("attn.out_proj.weight"), w("attn.out_proj.bias"), num_heads,
+                                 mask=np.tril(np.ones((t, t), dtype=bool)))
+    h = gelu_tanh(linear(layer_norm(x, w("ln2.weight"), w("ln2.bias")), w("mlp.fc.weight"), w("mlp.fc.bias")))
+    return x + linear(h, w("mlp.proj.weight"), w("mlp.proj.bias"))
+
+
+def gpt_logits(ids, p: dict, num_heads: int, num_layers: int):
+    "GPT logits from parameters by their documented names (token + learned position embeddings, blocks, ln_f, head)."
+    ids = np.asarray(ids)
+    x = embedding(p["tok_emb.weight"], ids) + np.asarray(p["pos_emb.weight"])[: ids.shape[1]]
+    for i in range(num_layers):
+        x = transformer_block(x, p, num_heads, prefix=f"blocks.{i}.")
+    return linear(layer_norm(x, p["ln_f.weight"], p["ln_f.bias"]), p["head.weight"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Module 08: schedules and gradient clipping in closed form
+# ---------------------------------------------------------------------------------------------
+def step_lr(base, epoch, step_size, gamma):
+    "StepLR: the rate decays by `gamma` once per completed block of `step_size` epochs."
+    return base * gamma ** math.floor(epoch / step_size)
+
+
+def cosine_lr(base, epoch, t_max, eta_min=0.0):
+    "CosineAnnealingLR's closed form (SGDR, Loshchilov and Hutter 2017, eq. 5 without restarts)."
+    return eta_min + 0.5 * (base - eta_min) * (1.0 + np.cos(np.pi * epoch / t_max))
+
+
+def linear_warmup_lr(base, epoch, warmup, start_factor):
+    "LinearLR from `start_factor` to 1 over `warmup` epochs, then constant."
+    frac = min(epoch, warmup) / warmup
+    return base * (start_factor + (1.0 - start_factor) * frac)
+
+
+def clip_by_total_norm(grads, max_norm):
+    """(clipped copies, total norm): the global L2 norm over every gradient (None skipped); all are
+    scaled by max_norm / (norm + 1e-6) when that is below 1 (PyTorch's clip_grad_norm_)."""
+    present = [np.asarray(g, dtype=np.float64) for g in grads if g is not None]
+    norm = math.sqrt(sum(float(np.sum(g * g)) for g in present))
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    return [None if g is None else np.asarray(g, dtype=np.float64) * factor for g in grads], norm
