@@ -27,7 +27,8 @@ from tinytorch.core.spatial import (
     col2im, conv2d_forward, conv2d_loop, im2col,
 )
 from tinytorch.core.tensor import Tensor
-from tests.support import refs
+from tests.support import params, refs, to_torch
+from tests.support.families import check_row, family_rows
 from tests.support.refs import numeric_grads, reference_backend, torch_or_none
 
 pytestmark = pytest.mark.module("09")
@@ -83,12 +84,6 @@ def pool_cases(draw, max_side=9):
     h, w = draw(st.integers(kh, max_side)), draw(st.integers(kw, max_side))
     shape = (draw(st.integers(1, 3)), draw(st.integers(1, 4)), h, w)
     return shape, (kh, kw), stride, draw(st.sampled_from(LAYOUTS)), draw(st.integers(0, 2**16))
-
-
-def to_torch(torch, a, grad=True):
-    # a fresh copy with canonical strides: torch mis-handles the odd stride of a size-1 axis in a view
-    t = torch.from_numpy(np.array(a, order="C", copy=True))
-    return t.requires_grad_(grad)
 
 
 def check_close(got, expected, what: str, rtol=RTOL, atol=ATOL, defined=None):
@@ -177,8 +172,8 @@ def test_conv2d_forward_matches_torch(case, with_bias):
     w = rng.standard_normal(w_shape).astype(np.float32)
     b = rng.standard_normal(w_shape[0]).astype(np.float32) if with_bias else None
     got, cols = conv2d_forward(x, w, b, stride, padding)
-    expected = refs.conv2d(x, w, b, stride, padding) if torch is None else torch.nn.functional.conv2d(to_torch(torch, x, False), to_torch(torch, w, False),
-                                          None if b is None else to_torch(torch, b, False), stride=stride, padding=padding)
+    expected = refs.conv2d(x, w, b, stride, padding) if torch is None else torch.nn.functional.conv2d(
+        to_torch(x), to_torch(w), None if b is None else to_torch(b), stride=stride, padding=padding)
     check_close(got, expected, f"conv2d_forward vs torch conv2d, weight {w_shape}, stride {stride}, padding {padding}, {describe(x)}")
     assert got.dtype == np.float32 and got.flags["C_CONTIGUOUS"], f"result must be C-contiguous float32; got {got.dtype}"
     assert cols.shape == (w_shape[1] * w_shape[2] * w_shape[3], x_shape[0] * got.shape[2] * got.shape[3]), \
@@ -237,8 +232,8 @@ def test_conv2d_gradients_match_torch(case, with_bias):
                  [x_arr, w_arr] + ([b_arr] if with_bias else []), g, [("x", x), ("weight", w), ("bias", b)], where,
                  atol=1e-3)
         return
-    tx, tw = to_torch(torch, x_arr), to_torch(torch, w_arr)
-    tb = None if b_arr is None else to_torch(torch, b_arr)
+    tx, tw = to_torch(x_arr, requires_grad=True), to_torch(w_arr, requires_grad=True)
+    tb = None if b_arr is None else to_torch(b_arr, requires_grad=True)
     ty = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=padding)
     ty.backward(torch.from_numpy(g))
     where = f"weight {w_shape}, stride {stride}, padding {padding}, {describe(x_arr)}"
@@ -310,7 +305,7 @@ def test_conv2d_layer_matches_torch_forward_and_backward():
     with torch.no_grad():                       # a state dict maps one-to-one
         for name, p in conv.named_parameters():
             getattr(ref, name).copy_(torch.from_numpy(p.data))
-    tx = to_torch(torch, x_arr)
+    tx = to_torch(x_arr, requires_grad=True)
     y, ty = conv(x), ref(tx)
     check_close(y, ty, "Conv2d(3, 5, 3, stride=2, padding=1) output vs torch.nn.Conv2d")
     y.sum().backward()
@@ -335,7 +330,7 @@ def pool_torch_check(torch, fn_ours, fn_torch, case, what, fn_ref=None):
         check_close(y, fn_ref(x_arr, kernel, stride), f"{where}: output")
         fd_check(lambda a: fn_ref(a, kernel, stride), [x_arr], g, [("x", x)], where)
         return
-    tx = to_torch(torch, x_arr)
+    tx = to_torch(x_arr, requires_grad=True)
     ty = fn_torch(tx, kernel, stride)
     ty.backward(torch.from_numpy(g))
     check_close(y, ty, f"{where}: output")
@@ -363,7 +358,7 @@ def test_maxpool_ties_route_to_the_first_maximum_as_torch(kernel, stride):
     if torch is None:
         expected = refs.max_pool2d_grad(x_arr, kernel, stride, g)
     else:
-        tx = to_torch(torch, x_arr)
+        tx = to_torch(x_arr, requires_grad=True)
         torch.nn.functional.max_pool2d(tx, kernel, stride).backward(torch.from_numpy(g))
         expected = tx.grad
     check_close(x.grad, expected, f"MaxPool2d({kernel}, {stride}) input gradient with tied maxima")
@@ -455,7 +450,7 @@ def test_batchnorm_train_matches_torch(case, steps):
         y = bn(x)
         g = rng.standard_normal(shape).astype(np.float32)
         y.backward(g)
-        tx = to_torch(torch, x_arr)
+        tx = to_torch(x_arr, requires_grad=True)
         ty = ref(tx)
         ty.backward(torch.from_numpy(g))
         where = f"BatchNorm2d({c}) training step {step + 1}, {describe(x_arr)}"
@@ -493,7 +488,7 @@ def test_batchnorm_eval_matches_torch_functional(case):
         fd_check(ref, [x_arr, bn.weight.data.copy(), bn.bias.data.copy()], g,
                  [("x", x), ("weight", bn.weight), ("bias", bn.bias)], where, atol=1e-3)
         return
-    tx, tw, tb = to_torch(torch, x_arr), to_torch(torch, bn.weight.data), to_torch(torch, bn.bias.data)
+    tx, tw, tb = (to_torch(a, requires_grad=True) for a in (x_arr, bn.weight.data, bn.bias.data))
     ty = torch.nn.functional.batch_norm(tx, torch.from_numpy(bn.running_mean.data.copy()),
                                         torch.from_numpy(bn.running_var.data.copy()), tw, tb, training=False, eps=1e-3)
     ty.backward(torch.from_numpy(g))
@@ -542,3 +537,14 @@ def test_flatten_matches_reshape_and_passes_gradients(layout):
     check_close(x.grad, g.reshape(2, 3, 4, 5), "the gradient through Flatten is the upstream gradient reshaped")
     with pytest.raises(ValueError, match=r"\(5,\)"):
         Flatten()(Tensor(np.ones(5)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("09"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

@@ -17,7 +17,8 @@ from tinytorch.core.layers import Linear
 from tinytorch.core.tensor import Tensor
 from tinytorch.text.embeddings import (Embedding, EmbeddingLookup, LearnedPositionalEmbedding,
                                        SinusoidalPositionalEncoding, check_ids, sinusoidal_positions)
-from tests.support import refs
+from tests.support import params, refs
+from tests.support.families import check_row, family_rows
 from tests.support.refs import numeric_grads, torch_or_none
 
 pytestmark = pytest.mark.module("11")
@@ -190,3 +191,14 @@ def test_sinusoidal_module_adds_a_constant():
     assert spe.num_parameters() == 0, "the sinusoidal table is not a parameter"
     y.sum().backward()
     assert np.allclose(x.grad.data, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("11"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

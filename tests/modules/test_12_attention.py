@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from tinytorch.core.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from tinytorch.core.tensor import Tensor
-from tests.support import refs
+from tests.support import params, refs
+from tests.support.families import check_row, family_rows
 from tests.support.refs import numeric_grads, torch_or_none
 
 pytestmark = pytest.mark.module("12")
@@ -226,3 +227,14 @@ def test_bad_configuration_is_named(args, words):
 def test_wrong_input_width_is_named():
     with pytest.raises(ValueError, match=r"\(batch, seq, 8\).*\(2, 3, 5\)"):
         MultiHeadAttention(8, 2)(Tensor(np.ones((2, 3, 5))))
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("12"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

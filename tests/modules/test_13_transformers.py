@@ -20,7 +20,8 @@ from tinytorch.core.autograd import no_grad
 from tinytorch.core.losses import CrossEntropyLoss
 from tinytorch.core.tensor import Tensor
 from tinytorch.models.gpt import GPT, LayerNorm, LayerNormFunction, TransformerBlock
-from tests.support import refs
+from tests.support import params, refs
+from tests.support.families import check_row, family_rows
 from tests.support.refs import numeric_grads, torch_or_none
 
 pytestmark = pytest.mark.module("13")
@@ -256,3 +257,14 @@ def test_bad_configuration_is_named():
         GPT(10, 4, 8, 2, 0)
     with pytest.raises(ValueError, match="divisible"):
         GPT(10, 4, 10, 3, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("13"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)
