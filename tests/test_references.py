@@ -5,8 +5,9 @@
   3, `var_backward` dividing by N - 1): before the torch-free references, both passed there.
 - A catalogue of realistic one-line bugs of modules 06-09 (`tests/support/mutation.py`), each run
   against its module's package tests with torch hidden: every one must be caught.
-- Every module's package tests fail on the released stubs (the package exported from the release
-  notebooks), as `tests/test_notebooks.py` proves for the graded cells.
+- Every module's package tests fail on the released stubs (the package with that module exported
+  from its release notebook, the earlier modules solved), as `tests/test_notebooks.py` proves for
+  the graded cells.
 """
 from __future__ import annotations
 
@@ -77,33 +78,33 @@ def test_mutation_catalogue_is_caught_without_torch(capsys):
     assert not missed, f"these bugs pass their module's package tests without torch: {missed}"
 
 
-@pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    """An edition whose package is exported from every module's release notebook (solutions stubbed)."""
-    dest = tmp_path_factory.mktemp("released") / "edition"
+def released_module(module, dest):
+    """A copy of the edition at `dest` whose package holds module `module`'s release (its solutions
+    stubbed, as a student receives it) and the solved prerequisites, as tests/test_notebooks.py builds it."""
     copy_edition(ROOT, dest)
-    for m in MODULES:
-        folder = dest / "modules" / m.slug
-        folder.mkdir(parents=True)
-        shutil.copy2(m.folder / "module.toml", folder / "module.toml")
-        nbs.write(nbs.release(nbs.read(m.notebook)), folder / m.notebook.name)
-    nbs.export(dest)
+    folder = dest / "modules" / module.slug
+    folder.mkdir(parents=True)
+    shutil.copy2(module.folder / "module.toml", folder / "module.toml")
+    nbs.write(nbs.release(nbs.read(module.notebook)), folder / module.notebook.name)
+    nbs.export(dest, folder / module.notebook.name)
     return dest
 
 
 @pytest.mark.slow
 @instructor_only
 @pytest.mark.parametrize("chunk", [MODULES[i::3] for i in range(3)], ids=["chunk0", "chunk1", "chunk2"])
-def test_package_tests_fail_on_the_released_stubs(released, chunk):
-    for m in chunk:
-        assert "NotImplementedError" in m.package_file(released).read_text(), f"{m.slug}: the release holds no stubs"
+def test_package_tests_fail_on_the_released_stubs(chunk, tmp_path):
+    """Each module's package tests fail on its released stubs (earlier modules solved), at a test of
+    that module's own exercise that reports it unimplemented: the tests can fail, as the graded cells can."""
     passing = []
     for m in chunk:
-        run = run_module_tests(released, m.number, hide_torch=True, extra_args=["-x"])
-        if not run.caught:
+        edition = released_module(m, tmp_path / m.slug)
+        assert "NotImplementedError" in m.package_file(edition).read_text(), f"{m.slug}: the release holds no stubs"
+        run = run_module_tests(edition, m.number, hide_torch=True, extra_args=["-x"])
+        if not (run.failed and "not implemented yet" in run.output):
             passing.append(f"{m.slug}: {describe(run)}")
-    assert not passing, "these modules' package tests pass on the unfilled release, so they cannot fail:\n" + \
-        "\n".join(passing)
+    assert not passing, ("these modules' package tests do not fail on the unfilled release (or fail before reaching "
+                         "a stub):\n" + "\n".join(passing))
 
 
 # ---------------------------------------------------------------------------------------------
