@@ -38,6 +38,7 @@ class Mutation:
     old: str  # an exact fragment of one line of that function
     new: str  # its replacement
     why: str  # the bug, in words
+    exercise: str = ""  # the exercise whose tests should catch it ("6.7"): `run_module_tests(..., exercise=)`
 
     @property
     def name(self) -> str:
@@ -136,15 +137,19 @@ def _count(text: str, word: str) -> int:
 
 
 def run_module_tests(edition: Path, module: str, hide_torch: bool = True, extra_args=(), timeout: float = 600,
-                     env: dict | None = None) -> TestRun:
+                     env: dict | None = None, exercise: str = "") -> TestRun:
     """Run module `module`'s package tests against the edition at `edition` in a fresh interpreter.
 
     `hide_torch`: as in a student edition (`-p tests.support.no_torch`). `extra_args`: more pytest
-    arguments (`-x` to stop at the first failure). Checks that `edition`'s own package was tested."""
+    arguments (`-x` to stop at the first failure); `exercise`: only that exercise's tests
+    (`--exercise 6.7`, the tests a grader would run for it). Checks that `edition`'s own package was
+    tested."""
     edition = Path(edition).resolve()
     test_file = module_test_file(edition, module)
     args = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:xdist", "-p", "no:randomly",
             "--hypothesis-seed=0", str(test_file.relative_to(edition)), *extra_args]
+    if exercise:
+        args += ["--exercise", exercise]
     if hide_torch:
         args[3:3] = ["-p", "tests.support.no_torch"]
     run_env = dict(os.environ if env is None else env)
@@ -170,24 +175,27 @@ def run_module_tests(edition: Path, module: str, hide_torch: bool = True, extra_
 AUTOGRAD, OPTIM, TRAIN, SPATIAL = "core/autograd.py", "core/optimizers.py", "core/training.py", "core/spatial.py"
 
 MUTATIONS: list[Mutation] = [
-    Mutation("06", AUTOGRAD, "gelu_backward", "3 * 0.044715", "0.044715", "the derivative of x^3 missing its factor 3"),
-    Mutation("06", AUTOGRAD, "var_backward", "(2.0 / count)", "(2.0 / (count - 1))", "dividing by N - 1"),
-    Mutation("06", AUTOGRAD, "sigmoid_backward", "s * (1 - s)", "(1 - s)", "sigma' written as 1 - sigma"),
-    Mutation("06", AUTOGRAD, "mean_backward", "/ count", "/ x.size", "mean over an axis divided by the whole size"),
+    Mutation("06", AUTOGRAD, "gelu_backward", "3 * 0.044715", "0.044715", "the derivative of x^3 missing its factor 3",
+             "6.7"),
+    Mutation("06", AUTOGRAD, "var_backward", "(2.0 / count)", "(2.0 / (count - 1))", "dividing by N - 1", "6.4"),
+    Mutation("06", AUTOGRAD, "sigmoid_backward", "s * (1 - s)", "(1 - s)", "sigma' written as 1 - sigma", "6.7"),
+    Mutation("06", AUTOGRAD, "mean_backward", "/ count", "/ x.size", "mean over an axis divided by the whole size", "6.4"),
     Mutation("06", AUTOGRAD, "softmax_backward", ".sum(axis=axis, keepdims=True)", ".sum()",
-             "the softmax correction summed over every axis"),
-    Mutation("07", OPTIM, "SGD.step", "(1.0 - self.dampening) * d", "d", "dampening ignored"),
-    Mutation("07", OPTIM, "Adam.step", "(1.0 - beta1 ** t)", "(1.0 - beta1 ** (t + 1))", "bias correction one step ahead"),
-    Mutation("07", OPTIM, "Adam.step", "(1.0 - beta2) * (g * g)", "(1.0 - beta2) * g", "second moment of g, not g^2"),
-    Mutation("08", TRAIN, "StepLR.lr_at", "(t // self.step_size)", "((t + 1) // self.step_size)", "decays one epoch early"),
-    Mutation("08", TRAIN, "CosineAnnealingLR.lr_at", "math.pi * t", "math.pi * (t + 1)", "cosine shifted by one epoch"),
+             "the softmax correction summed over every axis", "6.7"),
+    Mutation("07", OPTIM, "SGD.step", "(1.0 - self.dampening) * d", "d", "dampening ignored", "7.3"),
+    Mutation("07", OPTIM, "Adam.step", "(1.0 - beta1 ** t)", "(1.0 - beta1 ** (t + 1))", "bias correction one step ahead",
+             "7.4"),
+    Mutation("07", OPTIM, "Adam.step", "(1.0 - beta2) * (g * g)", "(1.0 - beta2) * g", "second moment of g, not g^2", "7.4"),
+    Mutation("08", TRAIN, "StepLR.lr_at", "(t // self.step_size)", "((t + 1) // self.step_size)", "decays one epoch early",
+             "8.1"),
+    Mutation("08", TRAIN, "CosineAnnealingLR.lr_at", "math.pi * t", "math.pi * (t + 1)", "cosine shifted by one epoch", "8.1"),
     Mutation("08", TRAIN, "clip_grad_norm_", "max_norm / (total + 1e-6)", "max_norm / (total * total + 1e-6)",
-             "scaled by the squared norm"),
+             "scaled by the squared norm", "8.2"),
     Mutation("09", SPATIAL, "col2im", "grad[:, :, rows, cols] +=", "grad[:, :, rows, cols] =",
-             "overlapping windows overwrite instead of adding"),
+             "overlapping windows overwrite instead of adding", "9.3"),
     Mutation("09", SPATIAL, "AvgPool2dFunction.backward", "] += share", "] = share",
-             "overlapping windows overwrite instead of adding"),
-    Mutation("09", SPATIAL, "BatchNorm2d.forward", "var * (m / (m - 1))", "var", "running variance biased"),
+             "overlapping windows overwrite instead of adding", "9.6"),
+    Mutation("09", SPATIAL, "BatchNorm2d.forward", "var * (m / (m - 1))", "var", "running variance biased", "9.7"),
     Mutation("09", SPATIAL, "BatchNorm2d.forward", "batch_stats=self.training", "batch_stats=True",
-             "batch statistics in eval mode"),
+             "batch statistics in eval mode", "9.7"),
 ]
