@@ -17,6 +17,7 @@ the closed forms of `refs.py` (`ReferenceOptimizer`, the schedules, `clip_by_tot
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from . import refs
@@ -79,6 +80,7 @@ def _bn_case(draw, eval_mode: bool):
         shape = (2,) + shape[1:]
     seed = draw(st.integers(0, 2**16))
     x = _spread(draw(laid_out(shape, NORMAL), label="x"), seed)
+    assume(float(np.min(x.std(axis=(0, 2, 3)))) > 0.1)  # a well-conditioned normalization
     rng = np.random.default_rng(seed + 1)
     w, b = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     if not eval_mode:
@@ -93,6 +95,7 @@ def _ln_case(draw):
     d = draw(st.integers(2, 6))
     seed = draw(st.integers(0, 2**16))
     x = _spread(draw(laid_out(lead + (d,), Domain(-3.0, 3.0)), label="x"), seed)
+    assume(float(np.min(x.std(axis=-1))) > 0.1)  # a well-conditioned normalization
     w, b = _rng_arrays(seed + 1, (d,), (d,))
     return Case((x, w, b), (True,) * 3, (True,) * 3)
 
@@ -216,14 +219,14 @@ def _ref_mha(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, is_causal):
 FAMILIES: list[Op] = [
     Op("conv2d", _tt_conv, refs.conv2d, lambda x, w, b, stride, padding: _F().conv2d(x, w, b, stride=stride,
        padding=padding), _conv_case, "09", ("9.2", "conv2d_forward"), ("9.3", "Conv2dFunction.backward"),
-       "Conv2dBackward", atol=1e-4),
+       None, atol=1e-4),
     Op("max_pool2d", _tt_pool("MaxPool2d"), refs.max_pool2d, lambda x, kernel, stride: _F().max_pool2d(x, kernel, stride),
        _pool_case, "09", ("9.5", "MaxPool2dFunction.forward"), ("9.5", "MaxPool2dFunction.backward"), None),
     Op("avg_pool2d", _tt_pool("AvgPool2d"), refs.avg_pool2d, lambda x, kernel, stride: _F().avg_pool2d(x, kernel, stride),
        _pool_case, "09", ("9.6", "AvgPool2dFunction.forward"), ("9.6", "AvgPool2dFunction.backward"), None),
     Op("batch_norm_train", _tt_bn, lambda x, w, b: refs.batch_norm_train(x, w, b, 0.0, 1.0)[0], _torch_bn,
        lambda: _bn_case(False), "09", ("9.7", "BatchNorm2d.forward"), ("9.7", "BatchNorm2dFunction.backward"),
-       "BatchNorm2dBackward", atol=2e-4),
+       None, rtol=1e-3, atol=2e-4),
     Op("batch_norm_eval", _tt_bn, refs.batch_norm_eval, _torch_bn, lambda: _bn_case(True), "09",
        ("9.7", "BatchNorm2d.forward"), ("9.7", "BatchNorm2dFunction.backward"), None, atol=1e-4),
     Op("embedding", _tt_embedding, refs.embedding, lambda w, ids: _F().embedding(ids, w), _embedding_case, "11",
@@ -234,7 +237,7 @@ FAMILIES: list[Op] = [
        ("12.2", "MultiHeadAttention.forward"), None, atol=1e-5),
     Op("layer_norm", _tt_ln, refs.layer_norm, lambda x, w, b: _F().layer_norm(x, (x.shape[-1],), w, b), _ln_case,
        "13", ("13.1", "LayerNormFunction.forward"), ("13.1", "LayerNormFunction.backward"), None,
-       atol=1e-4),
+       rtol=1e-3, atol=1e-4),
 ]
 FAMILY_BY_NAME = {op.name: op for op in FAMILIES}
 
@@ -246,9 +249,11 @@ def family_rows(module: str | None = None) -> list[Op]:
 def check_row(op: Op, case: Case, seed: int, rtol: float = 1e-4, grad_atol: float = 1e-4) -> None:
     """The row's value and the gradient of every input that requires grad, for one drawn case: against
     torch where it is installed, else against the NumPy reference and float64 central differences
-    (elements at a kink of the reference left out)."""
+    (elements at a kink of the reference left out). A row's own `rtol` applies where it is looser
+    (normalizations divide by a standard deviation that can be small)."""
     from .compare import assert_close, to_torch
 
+    rtol = max(rtol, op.rtol)
     ins = case.describe()
     tt = tt_args(case, requires_grad=True)
     out = op.tt(*tt, **case.kwargs)
