@@ -7,7 +7,7 @@ input must equal PyTorch's within rtol 1e-4 / atol 1e-5 in float32. Then the API
 retain_grad, retain_graph, no_grad, Function, grad_check) and the scale properties (a 100,000-op
 chain with the default recursion limit, each rule run once, activations freed after backward).
 
-Each test is marked with the exercise it checks: `pytest tests/modules/test_06_autograd.py --exercise 6.4`.
+Each test is marked with the exercise it checks: `pytest tests/modules/test_06_autograd.py --exercise 6.6`.
 PyTorch is the reference where it is installed; without it (a student edition) every comparison
 falls back to the table's NumPy reference and float64 central differences (`tests/support/refs.py`),
 so nothing skips and a wrong rule still fails.
@@ -97,7 +97,7 @@ def check_against_central_differences(op, case, tt, out, seed):
                           inputs=ins)
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 @pytest.mark.parametrize("op", params(DIFFERENTIABLE, None))
 @property_settings(max_examples=5)
 @given(data=st.data())
@@ -114,9 +114,9 @@ def test_no_graph_without_requires_grad_or_under_no_grad(op, data):
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 6.1: unbroadcast
+# Exercise 6.2: unbroadcast
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("6.1", "unbroadcast")
+@pytest.mark.exercise("6.2", "unbroadcast")
 @PROPERTY
 @given(pair=broadcast_pairs(max_dims=4), seed=st.integers(0, 2**16))
 def test_unbroadcast_sums_every_copy(pair, seed):
@@ -141,7 +141,7 @@ def test_unbroadcast_sums_every_copy(pair, seed):
         assert got is grad, "unbroadcast must return grad itself (no copy) when the shapes are equal"
 
 
-@pytest.mark.exercise("6.1", "unbroadcast")
+@pytest.mark.exercise("6.2", "unbroadcast")
 def test_unbroadcast_example():
     got = unbroadcast(np.ones((4, 2, 3), np.float32), (2, 1))
     assert got.shape == (2, 1) and np.all(got == 12), f"unbroadcast(ones((4, 2, 3)), (2, 1)) gave {got}; expected 12s of shape (2, 1)"
@@ -150,7 +150,7 @@ def test_unbroadcast_example():
 # ---------------------------------------------------------------------------------------------
 # Hand-picked cases the property test may not draw
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("6.4", "max_backward")
+@pytest.mark.exercise("6.6", "max_backward")
 def test_max_splits_the_gradient_between_ties():
     x = Tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]], requires_grad=True)
     x.max(axis=1).sum().backward()
@@ -158,14 +158,14 @@ def test_max_splits_the_gradient_between_ties():
     assert np.allclose(x.grad.data, expected), f"max over rows with ties gave {x.grad.data.tolist()}; expected {expected} (as torch.amax)"
 
 
-@pytest.mark.exercise("6.5", "getitem_backward")
+@pytest.mark.exercise("6.7", "getitem_backward")
 def test_repeated_integer_indices_accumulate():
     x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
     x[np.array([0, 0, 2, 0])].sum().backward()
     assert np.array_equal(x.grad.data, [3.0, 0.0, 1.0]), f"x[[0, 0, 2, 0]].sum() gave x.grad = {x.grad.data}; expected [3, 0, 1]"
 
 
-@pytest.mark.exercise("6.3", "matmul_backward")
+@pytest.mark.exercise("6.5", "matmul_backward")
 def test_vector_dot_vector_gradient():
     a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
     b = Tensor([4.0, 5.0, 6.0], requires_grad=True)
@@ -174,7 +174,7 @@ def test_vector_dot_vector_gradient():
         f"d(a @ b) for 1-D a, b gave a.grad={a.grad.data}, b.grad={b.grad.data}; expected b and a")
 
 
-@pytest.mark.exercise("6.2", "pow_backward")
+@pytest.mark.exercise("6.3", "pow_backward")
 def test_pow_with_a_constant_exponent_skips_the_log():
     x = Tensor([-2.0, 0.0, 3.0], requires_grad=True)
     (x ** 2).sum().backward()
@@ -184,7 +184,7 @@ def test_pow_with_a_constant_exponent_skips_the_log():
 # ---------------------------------------------------------------------------------------------
 # Layers and models: Linear, Dropout's mask, Sequential against torch
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("6.3", "matmul_backward")
+@pytest.mark.exercise("6.5", "matmul_backward")
 @PROPERTY
 @given(lead=st.lists(st.integers(1, 3), max_size=2), fin=st.integers(1, 6), fout=st.integers(1, 6),
        bias=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 2**16))
@@ -220,7 +220,7 @@ def test_linear_gradients_match_torch(lead, fin, fout, bias, transposed, seed):
                      rtol=GRAD_RTOL, atol=GRAD_ATOL, reference="torch.autograd")
 
 
-@pytest.mark.exercise("6.2", "mul_backward")
+@pytest.mark.exercise("6.3", "mul_backward")
 def test_dropout_gradient_is_its_forward_mask():
     x = Tensor(np.random.default_rng(0).uniform(0.5, 2.0, (20, 30)).astype(np.float32), requires_grad=True)
     d = Dropout(0.3, seed=1)
@@ -235,7 +235,7 @@ def test_dropout_gradient_is_its_forward_mask():
     assert np.all(x.grad.data == 1), "in eval mode Dropout is the identity: the gradient is all ones"
 
 
-@pytest.mark.exercise("6.8", "cross_entropy_backward")
+@pytest.mark.exercise("6.10", "cross_entropy_backward")
 def test_sequential_mlp_gradients_match_torch():
     torch = torch_or_none()
     rng = np.random.default_rng(3)
@@ -270,9 +270,9 @@ def test_sequential_mlp_gradients_match_torch():
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 6.9: the traversal and the API around it
+# Exercise 6.4: the traversal and the API around it
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_grad_is_a_tensor_of_the_leafs_shape_and_accumulates():
     x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
     (x * x).sum().backward()
@@ -287,7 +287,7 @@ def test_grad_is_a_tensor_of_the_leafs_shape_and_accumulates():
     assert x64.grad.dtype == np.float64, f"a float64 leaf got a {x64.grad.dtype} gradient; expected float64"
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_a_tensor_used_twice_gets_both_gradients():
     x = Tensor([2.0], requires_grad=True)
     y = x * 3
@@ -295,7 +295,7 @@ def test_a_tensor_used_twice_gets_both_gradients():
     assert x.grad.data[0] == 39.0, f"x used through y twice: x.grad = {x.grad.data[0]}; expected 18 * 2 + 3 = 39"
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_grad_is_a_copy_the_leaf_owns():
     x = Tensor([1.0, 2.0], requires_grad=True)
     g = np.array([1.0, 1.0], np.float32)
@@ -304,7 +304,7 @@ def test_grad_is_a_copy_the_leaf_owns():
     assert x.grad.data[0] == 1.0, "x.grad must be a copy: changing the array passed to backward() changed it"
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_non_leaves_keep_no_grad_unless_retained():
     x = Tensor([1.0, 2.0], requires_grad=True)
     h = x * 2
@@ -315,7 +315,7 @@ def test_non_leaves_keep_no_grad_unless_retained():
         f"retain_grad(): kept.grad = {kept.grad!r}; expected {h.data}")
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_second_backward_needs_retain_graph():
     x = Tensor([1.0, 2.0], requires_grad=True)
     loss = (x * x).sum()
@@ -354,7 +354,7 @@ def test_detach_and_no_grad_as_decorator():
     assert (x * 2).requires_grad, "no_grad must restore recording after an exception too"
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_100k_op_chain_with_the_default_recursion_limit():
     limit = sys.getrecursionlimit()
     x = Tensor([1.0], requires_grad=True)
@@ -367,7 +367,7 @@ def test_100k_op_chain_with_the_default_recursion_limit():
                                err_msg="d/dx of 100,000 multiplications by 1.00001")
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_each_rule_runs_once_in_a_shared_graph(monkeypatch):
     calls = []
     rule = BACKWARD_RULES["add"]
@@ -381,7 +381,7 @@ def test_each_rule_runs_once_in_a_shared_graph(monkeypatch):
     assert x.grad.data[0] == 2.0 ** 50, f"x.grad = {x.grad.data[0]}; expected 2**50"
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_activations_are_freed_after_backward():
     x = Tensor(np.ones((64, 64), np.float32), requires_grad=True)
     h = (x * 2).exp()
@@ -396,7 +396,7 @@ def test_activations_are_freed_after_backward():
                            "node once its rule ran (node.inputs = None, node.saved = None)")
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_function_subclass_records_and_differentiates():
     torch = torch_or_none()
 
@@ -426,7 +426,7 @@ def test_function_subclass_records_and_differentiates():
     assert_close(x.grad, tx.grad, op="Function backward", what="Cube", rtol=GRAD_RTOL, atol=GRAD_ATOL, reference="torch")
 
 
-@pytest.mark.exercise("6.9", "backward")
+@pytest.mark.exercise("6.4", "backward")
 def test_grad_check_passes_right_rules_and_catches_a_wrong_one(monkeypatch):
     a, b = np.array([[0.5, -1.0], [2.0, 1.5]]), np.array([1.5, -0.5])
     assert grad_check(lambda x, y: (x * y).tanh(), a, b) < 1e-6

@@ -38,7 +38,7 @@ class Mutation:
     old: str  # an exact fragment of one line of that function
     new: str  # its replacement
     why: str  # the bug, in words
-    exercise: str = ""  # the exercise whose tests should catch it ("6.7"): `run_module_tests(..., exercise=)`
+    exercise: str = ""  # the exercise whose tests should catch it ("6.9"): `run_module_tests(..., exercise=)`
 
     @property
     def name(self) -> str:
@@ -142,7 +142,7 @@ def run_module_tests(edition: Path, module: str, hide_torch: bool = True, extra_
 
     `hide_torch`: as in a student edition (`-p tests.support.no_torch`). `extra_args`: more pytest
     arguments (`-x` to stop at the first failure); `exercise`: only that exercise's tests
-    (`--exercise 6.7`, the tests a grader would run for it). Checks that `edition`'s own package was
+    (`--exercise 6.9`, the tests a grader would run for it). Checks that `edition`'s own package was
     tested."""
     edition = Path(edition).resolve()
     test_file = module_test_file(edition, module)
@@ -176,12 +176,12 @@ AUTOGRAD, OPTIM, TRAIN, SPATIAL = "core/autograd.py", "core/optimizers.py", "cor
 
 MUTATIONS: list[Mutation] = [
     Mutation("06", AUTOGRAD, "gelu_backward", "3 * 0.044715", "0.044715", "the derivative of x^3 missing its factor 3",
-             "6.7"),
-    Mutation("06", AUTOGRAD, "var_backward", "(2.0 / count)", "(2.0 / (count - 1))", "dividing by N - 1", "6.4"),
-    Mutation("06", AUTOGRAD, "sigmoid_backward", "s * (1 - s)", "(1 - s)", "sigma' written as 1 - sigma", "6.7"),
-    Mutation("06", AUTOGRAD, "mean_backward", "/ count", "/ x.size", "mean over an axis divided by the whole size", "6.4"),
+             "6.9"),
+    Mutation("06", AUTOGRAD, "var_backward", "(2.0 / count)", "(2.0 / (count - 1))", "dividing by N - 1", "6.6"),
+    Mutation("06", AUTOGRAD, "sigmoid_backward", "s * (1 - s)", "(1 - s)", "sigma' written as 1 - sigma", "6.9"),
+    Mutation("06", AUTOGRAD, "mean_backward", "/ count", "/ x.size", "mean over an axis divided by the whole size", "6.6"),
     Mutation("06", AUTOGRAD, "softmax_backward", ".sum(axis=axis, keepdims=True)", ".sum()",
-             "the softmax correction summed over every axis", "6.7"),
+             "the softmax correction summed over every axis", "6.9"),
     Mutation("07", OPTIM, "SGD.step", "(1.0 - self.dampening) * d", "d", "dampening ignored", "7.3"),
     Mutation("07", OPTIM, "Adam.step", "(1.0 - beta1 ** t)", "(1.0 - beta1 ** (t + 1))", "bias correction one step ahead",
              "7.4"),
