@@ -2,6 +2,9 @@
 
 - The schedules are compared with `torch.optim.lr_scheduler` (`StepLR`, `CosineAnnealingLR`,
   `LinearLR`) on hyperparameters drawn by hypothesis, step by step.
+- Without torch (a student edition) the same tests compare with closed forms and a NumPy MLP
+  (`tests/support/refs.py`: the schedules, the global-norm clipping, SGD, central-difference
+  gradients), so nothing skips.
 - `clip_grad_norm_` is compared with `torch.nn.utils.clip_grad_norm_` on parameter lists of drawn
   shapes, with non-contiguous gradients and parameters without a gradient.
 - `evaluate` is compared with the loss and accuracy computed in NumPy; `Trainer.train_step` with the
@@ -37,6 +40,8 @@ from tinytorch.core.training import (
     load_checkpoint, save_checkpoint,
 )
 from tinytorch.data.loader import DataLoader, TensorDataset, load_digits
+from tests.support import refs
+from tests.support.refs import numeric_grads, torch_or_none
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -77,9 +82,9 @@ def our_lrs(sched, steps):
 @PROPERTY
 @given(step_size=st.integers(1, 6), gamma=st.floats(0.05, 0.99), lr=st.floats(1e-4, 2.0))
 def test_step_lr_equals_torch(step_size, gamma, lr):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     ours = our_lrs(StepLR(one_param_opt(lr), step_size=step_size, gamma=gamma), 25)
-    ref = torch_lrs(torch, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=step_size, gamma=gamma), lr, 25)
+    ref = [refs.step_lr(lr, t, step_size, gamma) for t in range(26)] if torch is None else torch_lrs(torch, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=step_size, gamma=gamma), lr, 25)
     np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-15,
                                err_msg=f"StepLR(step_size={step_size}, gamma={gamma}) from lr={lr}")
 
@@ -88,10 +93,10 @@ def test_step_lr_equals_torch(step_size, gamma, lr):
 @PROPERTY
 @given(t_max=st.integers(1, 20), eta_min=st.floats(0.0, 0.01), lr=st.floats(0.02, 2.0))
 def test_cosine_equals_torch_including_past_t_max(t_max, eta_min, lr):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     steps = 2 * t_max + 3
     ours = our_lrs(CosineAnnealingLR(one_param_opt(lr), T_max=t_max, eta_min=eta_min), steps)
-    ref = torch_lrs(torch, lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=t_max, eta_min=eta_min), lr, steps)
+    ref = [refs.cosine_lr(lr, t, t_max, eta_min) for t in range(steps + 1)] if torch is None else torch_lrs(torch, lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=t_max, eta_min=eta_min), lr, steps)
     np.testing.assert_allclose(ours, ref, rtol=1e-7, atol=1e-10 * lr,
                                err_msg=f"CosineAnnealingLR(T_max={t_max}, eta_min={eta_min}) from lr={lr}")
 
@@ -100,9 +105,9 @@ def test_cosine_equals_torch_including_past_t_max(t_max, eta_min, lr):
 @PROPERTY
 @given(warmup=st.integers(1, 12), start=st.floats(0.01, 1.0), lr=st.floats(1e-4, 2.0))
 def test_linear_warmup_equals_torch_linear_lr(warmup, start, lr):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     ours = our_lrs(LinearWarmup(one_param_opt(lr), warmup_steps=warmup, start_factor=start), warmup + 5)
-    ref = torch_lrs(torch, lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=start, end_factor=1.0,
+    ref = [refs.linear_warmup_lr(lr, t, warmup, start) for t in range(warmup + 6)] if torch is None else torch_lrs(torch, lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=start, end_factor=1.0,
                                                                          total_iters=warmup), lr, warmup + 5)
     np.testing.assert_allclose(ours, ref, rtol=1e-9, err_msg=f"LinearWarmup({warmup}, start_factor={start}) from lr={lr}")
 
@@ -152,29 +157,36 @@ shapes = st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
 @given(shapes=shapes, max_norm=st.floats(0.01, 20.0), scale=st.floats(0.01, 10.0), seed=st.integers(0, 2**16),
        transposed=st.booleans(), skip_first=st.booleans())
 def test_clip_grad_norm_equals_torch(shapes, max_norm, scale, seed, transposed, skip_first):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     rng = np.random.default_rng(seed)
-    ours, theirs = [], []
+    ours, theirs, raw = [], [], []
     for k, shape in enumerate(shapes):
         g = (scale * rng.standard_normal(shape)).astype(np.float32)
         p = Tensor(np.zeros(shape, dtype=np.float32), requires_grad=True)
-        tp = torch.nn.Parameter(torch.zeros(shape))
+        tp = torch.nn.Parameter(torch.zeros(shape)) if torch is not None else None
+        raw.append(None)
         if not (skip_first and k == 0):
             # a non-contiguous gradient: the transpose of a transposed copy holds the same values
             p.grad = Tensor(np.ascontiguousarray(g.T).T if transposed else g)
-            tp.grad = torch.from_numpy(g.copy())
+            raw[-1] = g.copy()
+            if tp is not None:
+                tp.grad = torch.from_numpy(g.copy())
         ours.append(p)
         theirs.append(tp)
     total = clip_grad_norm_(iter(ours), max_norm)
-    ref = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    if torch is None:
+        expected, ref_total = refs.clip_by_total_norm(raw, max_norm)
+    else:
+        ref_total = torch.nn.utils.clip_grad_norm_(theirs, max_norm).item()
+        expected = [None if tp.grad is None else tp.grad.numpy() for tp in theirs]
     assert isinstance(total, float)
-    np.testing.assert_allclose(total, ref.item(), rtol=1e-5, err_msg="total norm before clipping")
-    for k, (p, tp) in enumerate(zip(ours, theirs)):
-        if tp.grad is None:
+    np.testing.assert_allclose(total, ref_total, rtol=1e-5, err_msg="total norm before clipping")
+    for k, (p, e) in enumerate(zip(ours, expected)):
+        if e is None:
             assert p.grad is None, f"parameter {k} had no gradient and must keep none"
             continue
         assert p.grad.data.dtype == np.float32
-        np.testing.assert_allclose(p.grad.data, tp.grad.numpy(), rtol=1e-5, atol=1e-7,
+        np.testing.assert_allclose(p.grad.data, e, rtol=1e-5, atol=1e-7,
                                    err_msg=f"clipped gradient of parameter {k} (shape {shapes[k]})")
 
 
@@ -263,9 +275,36 @@ def torch_copy(torch, model):
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**16), batch=st.integers(1, 9), momentum=st.sampled_from([0.0, 0.9]))
 def test_train_steps_equal_torch_sgd(max_norm, seed, batch, momentum):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     rng = np.random.default_rng(seed)
     model = mlp(seed % 100)
+    if torch is None:  # a NumPy MLP: central-difference gradients, closed-form clipping and SGD
+        trainer = Trainer(model, CrossEntropyLoss(), SGD(model.parameters(), lr=0.1, momentum=momentum),
+                          max_grad_norm=max_norm, progress=False)
+        params = [p.data.astype(np.float64) for p in model.parameters()]
+        opt = refs.ReferenceOptimizer("SGD", lr=0.1, momentum=momentum)
+        for step in range(3):
+            x = rng.standard_normal((batch, 6)).astype(np.float32)
+            y = rng.integers(0, 3, batch)
+            loss = trainer.train_step(Tensor(np.asfortranarray(x)), Tensor(y))
+
+            def ce(w1, b1, w2, b2):
+                return refs.cross_entropy(refs.linear(np.maximum(refs.linear(x, w1, b1), 0.0), w2, b2), y)
+
+            rloss = ce(*params)
+            grads = [g for g, _ in numeric_grads(ce, params, 1.0)]
+            if max_norm is not None:
+                grads, rnorm = refs.clip_by_total_norm(grads, max_norm)
+                assert trainer.last_grad_norm == pytest.approx(rnorm, rel=1e-4), f"step {step}: gradient norm"
+            else:
+                assert trainer.last_grad_norm is None
+            opt.step(params, grads)
+            assert loss == pytest.approx(rloss, rel=1e-5, abs=1e-6), f"step {step}: loss"
+            assert trainer.last_output.shape == (batch, 3)
+            for (name, p), e in zip(model.named_parameters(), params):
+                np.testing.assert_allclose(p.data, e, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{name} after step {step} (max_norm={max_norm}, momentum={momentum})")
+        return
     ref = torch_copy(torch, model)
     trainer = Trainer(model, CrossEntropyLoss(), SGD(model.parameters(), lr=0.1, momentum=momentum),
                       max_grad_norm=max_norm, progress=False)

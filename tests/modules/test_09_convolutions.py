@@ -5,8 +5,10 @@
   every parameter for a random upstream gradient, on shapes, strides, paddings and kernel sizes
   drawn by hypothesis, with inputs laid out contiguously or as non-contiguous views (an NHWC
   array transposed to NCHW, every other row of a larger array, a reversed axis).
-- Without PyTorch those tests skip; the NumPy references below (`conv2d_loop` against an einsum
-  formula, the im2col/col2im adjoint identity, pooling through reshapes) still run.
+- Without PyTorch (a student edition) the same tests compare with the NumPy references of
+  `tests/support/refs.py` (an einsum convolution, pooling over stacked windows, the BatchNorm
+  formulas) and with float64 central differences for the gradients, on smaller shapes; the
+  im2col/col2im adjoint identity and pooling through reshapes run everywhere.
 - The layers (`Conv2d`, `MaxPool2d`, `AvgPool2d`, `BatchNorm2d`, `Flatten`) are checked for
   PyTorch's parameter names and shapes, initialization statistics, running statistics, train/eval
   behaviour and error messages that name the shapes.
@@ -25,8 +27,13 @@ from tinytorch.core.spatial import (
     col2im, conv2d_forward, conv2d_loop, im2col,
 )
 from tinytorch.core.tensor import Tensor
+from tests.support import params, refs, to_torch
+from tests.support.families import check_row, family_rows
+from tests.support.refs import numeric_grads, reference_backend, torch_or_none
 
 pytestmark = pytest.mark.module("09")
+# Central differences evaluate the reference twice per input element: smaller drawn shapes without torch.
+FALLBACK = reference_backend() == "numpy"
 
 PROPERTY = settings(max_examples=30, deadline=None)
 RTOL, ATOL = 1e-4, 1e-4
@@ -79,38 +86,28 @@ def pool_cases(draw, max_side=9):
     return shape, (kh, kw), stride, draw(st.sampled_from(LAYOUTS)), draw(st.integers(0, 2**16))
 
 
-def torch_or_skip():
-    return pytest.importorskip("torch")
-
-
-def to_torch(torch, a, grad=True):
-    # a fresh copy with canonical strides: torch mis-handles the odd stride of a size-1 axis in a view
-    t = torch.from_numpy(np.array(a, order="C", copy=True))
-    return t.requires_grad_(grad)
-
-
-def check_close(got, expected, what: str, rtol=RTOL, atol=ATOL):
+def check_close(got, expected, what: str, rtol=RTOL, atol=ATOL, defined=None):
+    """`got` against `expected` (torch, or a NumPy reference); `defined`: where a central-difference
+    reference is defined (kinks such as tied maxima left out)."""
     got = got.data if isinstance(got, Tensor) else got
     expected = expected.detach().numpy() if hasattr(expected, "detach") else np.asarray(expected)
     assert got is not None, f"{what}: no gradient was computed (got None)"
     assert got.shape == expected.shape, f"{what}: shape {got.shape}, expected {expected.shape}"
+    if defined is not None:
+        expected = np.where(defined, expected, got)
     if not np.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
         worst = np.unravel_index(np.nanargmax(np.abs(got - expected)), got.shape)
         raise AssertionError(f"{what}: element {tuple(int(i) for i in worst)} is {got[worst]:.6g}, "
                              f"expected {expected[worst]:.6g} (largest difference {np.nanmax(np.abs(got - expected)):.3g})")
 
 
-def einsum_conv(x, w, b, stride, padding):
-    "Float64 reference convolution, one einsum per kernel offset (independent of im2col)."
-    (sh, sw), (ph, pw) = stride, padding
-    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    o, c, kh, kw = w.shape
-    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
-    out = np.zeros((x.shape[0], o, oh, ow))
-    for p in range(kh):
-        for q in range(kw):
-            out += np.einsum("nchw,oc->nohw", x[:, :, p:p + sh * (oh - 1) + 1:sh, q:q + sw * (ow - 1) + 1:sw], w[:, :, p, q])
-    return out if b is None else out + b[None, :, None, None]
+einsum_conv = refs.conv2d  # float64, one einsum per kernel offset (independent of im2col)
+
+
+def fd_check(fn, arrays, upstream, ours, what, atol=ATOL):
+    "Without torch: each of `ours` (Tensors) against the central-difference gradient of `fn` at `arrays`."
+    for (name, t), (grad, ok) in zip(ours, numeric_grads(fn, arrays, upstream)):
+        check_close(t.grad, grad, f"{what}: gradient of {name} (central differences)", atol=atol, defined=ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,15 +165,15 @@ def test_im2col_columns_are_the_windows(case):
 @PROPERTY
 @given(conv_cases(), st.booleans())
 def test_conv2d_forward_matches_torch(case, with_bias):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     x_shape, w_shape, stride, padding, layout, seed = case
     x = laid_out(x_shape, layout, seed)
     rng = np.random.default_rng(seed + 1)
     w = rng.standard_normal(w_shape).astype(np.float32)
     b = rng.standard_normal(w_shape[0]).astype(np.float32) if with_bias else None
     got, cols = conv2d_forward(x, w, b, stride, padding)
-    expected = torch.nn.functional.conv2d(to_torch(torch, x, False), to_torch(torch, w, False),
-                                          None if b is None else to_torch(torch, b, False), stride=stride, padding=padding)
+    expected = refs.conv2d(x, w, b, stride, padding) if torch is None else torch.nn.functional.conv2d(
+        to_torch(x), to_torch(w), None if b is None else to_torch(b), stride=stride, padding=padding)
     check_close(got, expected, f"conv2d_forward vs torch conv2d, weight {w_shape}, stride {stride}, padding {padding}, {describe(x)}")
     assert got.dtype == np.float32 and got.flags["C_CONTIGUOUS"], f"result must be C-contiguous float32; got {got.dtype}"
     assert cols.shape == (w_shape[1] * w_shape[2] * w_shape[3], x_shape[0] * got.shape[2] * got.shape[3]), \
@@ -215,9 +212,9 @@ def test_col2im_is_the_adjoint_of_im2col(case):
 
 @pytest.mark.exercise("9.3", "Conv2dFunction.backward")
 @PROPERTY
-@given(conv_cases(), st.booleans())
+@given(conv_cases(max_batch=2, max_channels=2, max_side=5) if FALLBACK else conv_cases(), st.booleans())
 def test_conv2d_gradients_match_torch(case, with_bias):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     x_shape, w_shape, stride, padding, layout, seed = case
     x_arr = laid_out(x_shape, layout, seed)
     rng = np.random.default_rng(seed + 1)
@@ -228,8 +225,15 @@ def test_conv2d_gradients_match_torch(case, with_bias):
     y = Conv2dFunction.apply(x, w, b, stride=stride, padding=padding)
     g = rng.standard_normal(y.shape).astype(np.float32)
     y.backward(g)
-    tx, tw = to_torch(torch, x_arr), to_torch(torch, w_arr)
-    tb = None if b_arr is None else to_torch(torch, b_arr)
+    if torch is None:
+        where = f"weight {w_shape}, stride {stride}, padding {padding}, {describe(x_arr)}"
+        check_close(y, refs.conv2d(x_arr, w_arr, b_arr, stride, padding), f"Conv2dFunction output, {where}")
+        fd_check(lambda *a: refs.conv2d(a[0], a[1], a[2] if with_bias else None, stride, padding),
+                 [x_arr, w_arr] + ([b_arr] if with_bias else []), g, [("x", x), ("weight", w), ("bias", b)], where,
+                 atol=1e-3)
+        return
+    tx, tw = to_torch(x_arr, requires_grad=True), to_torch(w_arr, requires_grad=True)
+    tb = None if b_arr is None else to_torch(b_arr, requires_grad=True)
     ty = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=padding)
     ty.backward(torch.from_numpy(g))
     where = f"weight {w_shape}, stride {stride}, padding {padding}, {describe(x_arr)}"
@@ -284,15 +288,24 @@ def test_conv2d_forward_checks_the_input():
 
 @pytest.mark.exercise("9.4", "Conv2d.forward")
 def test_conv2d_layer_matches_torch_forward_and_backward():
-    torch = torch_or_skip()
+    torch = torch_or_none()
     conv = Conv2d(3, 5, 3, stride=2, padding=1, rng=0)
     x_arr = laid_out((4, 3, 9, 8), "nhwc-transposed", 3)
     x = Tensor(x_arr, requires_grad=True)
+    if torch is None:
+        x_arr = x_arr[:2, :, :5, :6]
+        x = Tensor(x_arr, requires_grad=True)
+        y = conv(x)
+        check_close(y, refs.conv2d(x_arr, conv.weight.data, conv.bias.data, 2, 1), "Conv2d(3, 5, 3, stride=2, padding=1) output")
+        y.sum().backward()
+        fd_check(lambda a, w, b: refs.conv2d(a, w, b, 2, 1), [x_arr, conv.weight.data, conv.bias.data],
+                 np.ones(y.shape), [("x", x), ("weight", conv.weight), ("bias", conv.bias)], "Conv2d", atol=1e-3)
+        return
     ref = torch.nn.Conv2d(3, 5, 3, stride=2, padding=1)
     with torch.no_grad():                       # a state dict maps one-to-one
         for name, p in conv.named_parameters():
             getattr(ref, name).copy_(torch.from_numpy(p.data))
-    tx = to_torch(torch, x_arr)
+    tx = to_torch(x_arr, requires_grad=True)
     y, ty = conv(x), ref(tx)
     check_close(y, ty, "Conv2d(3, 5, 3, stride=2, padding=1) output vs torch.nn.Conv2d")
     y.sum().backward()
@@ -305,42 +318,50 @@ def test_conv2d_layer_matches_torch_forward_and_backward():
 # ---------------------------------------------------------------------------------------------
 # Exercise 9.5: MaxPool2d
 # ---------------------------------------------------------------------------------------------
-def pool_torch_check(torch, fn_ours, fn_torch, case, what):
+def pool_torch_check(torch, fn_ours, fn_torch, case, what, fn_ref=None):
     shape, kernel, stride, layout, seed = case
     x_arr = laid_out(shape, layout, seed)
     x = Tensor(x_arr, requires_grad=True)
     y = fn_ours(kernel, stride)(x)
     g = np.random.default_rng(seed + 1).standard_normal(y.shape).astype(np.float32)
     y.backward(g)
-    tx = to_torch(torch, x_arr)
+    where = f"{what}(kernel {kernel}, stride {stride}), {describe(x_arr)}"
+    if torch is None:
+        check_close(y, fn_ref(x_arr, kernel, stride), f"{where}: output")
+        fd_check(lambda a: fn_ref(a, kernel, stride), [x_arr], g, [("x", x)], where)
+        return
+    tx = to_torch(x_arr, requires_grad=True)
     ty = fn_torch(tx, kernel, stride)
     ty.backward(torch.from_numpy(g))
-    where = f"{what}(kernel {kernel}, stride {stride}), {describe(x_arr)}"
     check_close(y, ty, f"{where}: output")
     check_close(x.grad, tx.grad, f"{where}: input gradient")
 
 
 @pytest.mark.exercise("9.5", "MaxPool2dFunction.forward")
 @PROPERTY
-@given(pool_cases())
+@given(pool_cases(max_side=6) if FALLBACK else pool_cases())
 def test_maxpool_matches_torch(case):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     pool_torch_check(torch, lambda k, s: MaxPool2d(k, s),
-                     lambda t, k, s: torch.nn.functional.max_pool2d(t, k, s), case, "MaxPool2d")
+                     lambda t, k, s: torch.nn.functional.max_pool2d(t, k, s), case, "MaxPool2d", refs.max_pool2d)
 
 
 @pytest.mark.exercise("9.5", "MaxPool2dFunction.backward")
 @pytest.mark.parametrize("kernel,stride", [(2, None), (3, 1), ((2, 3), (1, 2))])
 def test_maxpool_ties_route_to_the_first_maximum_as_torch(kernel, stride):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     x_arr = np.random.default_rng(0).integers(0, 3, (2, 3, 7, 7)).astype(np.float32)   # many ties
     x = Tensor(x_arr, requires_grad=True)
     y = MaxPool2d(kernel, stride)(x)
     g = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     y.backward(g)
-    tx = to_torch(torch, x_arr)
-    torch.nn.functional.max_pool2d(tx, kernel, stride).backward(torch.from_numpy(g))
-    check_close(x.grad, tx.grad, f"MaxPool2d({kernel}, {stride}) input gradient with tied maxima")
+    if torch is None:
+        expected = refs.max_pool2d_grad(x_arr, kernel, stride, g)
+    else:
+        tx = to_torch(x_arr, requires_grad=True)
+        torch.nn.functional.max_pool2d(tx, kernel, stride).backward(torch.from_numpy(g))
+        expected = tx.grad
+    check_close(x.grad, expected, f"MaxPool2d({kernel}, {stride}) input gradient with tied maxima")
 
 
 @pytest.mark.exercise("9.5", "MaxPool2dFunction.forward")
@@ -360,11 +381,11 @@ def test_maxpool_numpy_reference_and_nan():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.exercise("9.6", "AvgPool2dFunction.forward")
 @PROPERTY
-@given(pool_cases())
+@given(pool_cases(max_side=6) if FALLBACK else pool_cases())
 def test_avgpool_matches_torch(case):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     pool_torch_check(torch, lambda k, s: AvgPool2d(k, s),
-                     lambda t, k, s: torch.nn.functional.avg_pool2d(t, k, s), case, "AvgPool2d")
+                     lambda t, k, s: torch.nn.functional.avg_pool2d(t, k, s), case, "AvgPool2d", refs.avg_pool2d)
 
 
 @pytest.mark.exercise("9.6", "AvgPool2dFunction.backward")
@@ -392,13 +413,31 @@ def bn_cases(draw):
 @PROPERTY
 @given(bn_cases(), st.integers(1, 3))
 def test_batchnorm_train_matches_torch(case, steps):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     shape, layout, seed = case
     rng = np.random.default_rng(seed)
     c = shape[1]
     bn = BatchNorm2d(c)
     bn.weight.data[:] = rng.uniform(0.5, 1.5, c)
     bn.bias.data[:] = rng.standard_normal(c)
+    if torch is None:
+        mean, var = np.zeros(c), np.ones(c)
+        for step in range(steps):
+            x_arr = laid_out(shape, layout, seed + step) * 2 + 1
+            x = Tensor(x_arr, requires_grad=True)
+            bn.zero_grad()
+            y = bn(x)
+            g = rng.standard_normal(shape).astype(np.float32)
+            y.backward(g)
+            w_arr, b_arr = bn.weight.data.copy(), bn.bias.data.copy()
+            expected, mean, var = refs.batch_norm_train(x_arr.astype(np.float64), w_arr, b_arr, mean, var)
+            where = f"BatchNorm2d({c}) training step {step + 1}, {describe(x_arr)}"
+            check_close(y, expected, f"{where}: output", atol=2e-4)
+            fd_check(lambda a, w, b: refs.batch_norm_train(a, w, b, mean, var)[0], [x_arr, w_arr, b_arr], g,
+                     [("x", x), ("weight", bn.weight), ("bias", bn.bias)], where, atol=1e-3)
+            check_close(bn.running_mean.data, mean, f"{where}: running_mean")
+            check_close(bn.running_var.data, var, f"{where}: running_var (unbiased batch variance)")
+        return
     ref = torch.nn.BatchNorm2d(c)
     with torch.no_grad():
         ref.weight.copy_(torch.from_numpy(bn.weight.data))
@@ -411,7 +450,7 @@ def test_batchnorm_train_matches_torch(case, steps):
         y = bn(x)
         g = rng.standard_normal(shape).astype(np.float32)
         y.backward(g)
-        tx = to_torch(torch, x_arr)
+        tx = to_torch(x_arr, requires_grad=True)
         ty = ref(tx)
         ty.backward(torch.from_numpy(g))
         where = f"BatchNorm2d({c}) training step {step + 1}, {describe(x_arr)}"
@@ -427,7 +466,7 @@ def test_batchnorm_train_matches_torch(case, steps):
 @PROPERTY
 @given(bn_cases())
 def test_batchnorm_eval_matches_torch_functional(case):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     shape, layout, seed = case
     rng = np.random.default_rng(seed)
     c = shape[1]
@@ -441,7 +480,15 @@ def test_batchnorm_eval_matches_torch_functional(case):
     y = bn(x)
     g = rng.standard_normal(shape).astype(np.float32)
     y.backward(g)
-    tx, tw, tb = to_torch(torch, x_arr), to_torch(torch, bn.weight.data), to_torch(torch, bn.bias.data)
+    if torch is None:
+        rm, rv = bn.running_mean.data.copy(), bn.running_var.data.copy()
+        ref = lambda a, w, b: refs.batch_norm_eval(a, w, b, rm, rv, eps=1e-3)  # noqa: E731
+        where = f"BatchNorm2d eval mode, {describe(x_arr)}"
+        check_close(y, ref(x_arr, bn.weight.data, bn.bias.data), f"{where}: output")
+        fd_check(ref, [x_arr, bn.weight.data.copy(), bn.bias.data.copy()], g,
+                 [("x", x), ("weight", bn.weight), ("bias", bn.bias)], where, atol=1e-3)
+        return
+    tx, tw, tb = (to_torch(a, requires_grad=True) for a in (x_arr, bn.weight.data, bn.bias.data))
     ty = torch.nn.functional.batch_norm(tx, torch.from_numpy(bn.running_mean.data.copy()),
                                         torch.from_numpy(bn.running_var.data.copy()), tw, tb, training=False, eps=1e-3)
     ty.backward(torch.from_numpy(g))
@@ -514,3 +561,12 @@ def test_conv_backward_skips_the_input_gradient_when_nobody_needs_it(monkeypatch
         f"expected a gradient of shape {inner.shape} from one col2im")
     node = spatial.Conv2dFunction.apply(inner, w, b, stride=2, padding=1).grad_fn
     assert node.attrs == {"stride": 2, "padding": 1}, f"the conv's record holds its arguments: {node.attrs}"
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("09"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

@@ -2,7 +2,9 @@
 
 The lookup and its gradient are compared with `torch.nn.functional.embedding` on hypothesis-drawn
 table sizes and id shapes (repeated ids included); the positional encodings with the formula of
-"Attention Is All You Need" computed independently in float64.
+"Attention Is All You Need" computed independently in float64. Without PyTorch (a student edition)
+the torch comparisons fall back to `tests/support/refs.py` (`embedding`, `linear`) and float64
+central differences, so nothing skips.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from tinytorch.core.layers import Linear
 from tinytorch.core.tensor import Tensor
 from tinytorch.text.embeddings import (Embedding, EmbeddingLookup, LearnedPositionalEmbedding,
                                        SinusoidalPositionalEncoding, check_ids, sinusoidal_positions)
+from tests.support import params, refs
+from tests.support.families import check_row, family_rows
+from tests.support.refs import numeric_grads, torch_or_none
 
 pytestmark = pytest.mark.module("11")
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -45,7 +50,7 @@ def test_lookup_matches_numpy_gather(case, seed):
 @PROPERTY
 @given(case=tables_and_ids(), seed=st.integers(0, 2**16))
 def test_lookup_gradient_matches_torch(case, seed):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     v, d, ids = case
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((v, d)).astype(np.float32)
@@ -53,9 +58,13 @@ def test_lookup_gradient_matches_torch(case, seed):
     emb = Embedding(v, d)
     emb.weight.data[...] = w
     (emb(ids) * Tensor(up)).sum().backward()
-    tw = torch.tensor(w, requires_grad=True)
-    (torch.nn.functional.embedding(torch.tensor(ids), tw) * torch.tensor(up)).sum().backward()
-    np.testing.assert_allclose(emb.weight.grad.data, tw.grad.numpy(), rtol=1e-5, atol=1e-5,
+    if torch is None:
+        [(expected, _)] = numeric_grads(lambda t: refs.embedding(t, ids), [w], up)
+    else:
+        tw = torch.tensor(w, requires_grad=True)
+        (torch.nn.functional.embedding(torch.tensor(ids), tw) * torch.tensor(up)).sum().backward()
+        expected = tw.grad.numpy()
+    np.testing.assert_allclose(emb.weight.grad.data, expected, rtol=1e-5, atol=1e-5,
                                err_msg=f"table gradient differs from torch for ids {ids.tolist()} (repeated ids must add up)")
 
 
@@ -69,11 +78,20 @@ def test_unused_rows_get_zero_gradient_and_repeats_accumulate():
 
 
 def test_embedding_in_a_graph_with_linear_matches_torch():
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     emb, lin = Embedding(10, 4, rng=1), Linear(4, 3, rng=2)
     ids = np.array([[1, 2, 2], [9, 0, 1]])
     y = lin(emb(ids)).tanh().sum()
     y.backward()
+    if torch is None:
+        def f(t, w, b):
+            return np.tanh(refs.linear(refs.embedding(t, ids), w, b))
+        arrays = [emb.weight.data, lin.weight.data, lin.bias.data]
+        np.testing.assert_allclose(y.item(), np.sum(f(*[a.astype(np.float64) for a in arrays])), rtol=1e-5)
+        for ours, (g, _), name in zip((emb.weight, lin.weight, lin.bias), numeric_grads(f, arrays, 1.0),
+                                      ("embedding", "linear weight", "bias")):
+            np.testing.assert_allclose(ours.grad.data, g, rtol=1e-4, atol=1e-5, err_msg=f"{name} (central differences)")
+        return
     tw = torch.tensor(emb.weight.data, requires_grad=True)
     tl = torch.tensor(lin.weight.data, requires_grad=True)
     tb = torch.tensor(lin.bias.data, requires_grad=True)
@@ -129,12 +147,23 @@ def test_sinusoidal_rejects_bad_sizes(args):
 
 @pytest.mark.exercise("11.4", "LearnedPositionalEmbedding.forward")
 def test_learned_positions_match_torch_and_only_used_rows_learn():
-    torch = pytest.importorskip("torch")
+    torch = torch_or_none()
     lpe = LearnedPositionalEmbedding(12, 5, rng=3)
     x = np.random.default_rng(0).standard_normal((3, 7, 5)).astype(np.float32)
     xt = Tensor(x, requires_grad=True)
     y = lpe(xt)
     (y * y).sum().backward()
+    if torch is None:
+        def f(a, w):
+            out = a + w[:7]
+            return out * out
+        w = lpe.weight.data.copy()
+        np.testing.assert_allclose(y.data, x + w[:7], rtol=1e-6)
+        (gx, _), (gw, _) = numeric_grads(f, [x, w], np.ones(x.shape))
+        np.testing.assert_allclose(lpe.weight.grad.data, gw, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(xt.grad.data, gx, rtol=1e-5, atol=1e-5)
+        assert np.allclose(lpe.weight.grad.data[7:], 0), "positions beyond the sequence must get no gradient"
+        return
     tw = torch.tensor(lpe.weight.data, requires_grad=True)
     tx = torch.tensor(x, requires_grad=True)
     ty = tx + tw[:7]
@@ -162,3 +191,14 @@ def test_sinusoidal_module_adds_a_constant():
     assert spe.num_parameters() == 0, "the sinusoidal table is not a parameter"
     y.sum().backward()
     assert np.allclose(x.grad.data, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("11"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

@@ -4,7 +4,9 @@ Scaled dot-product attention (plain, causal, boolean and additive masks) is comp
 `torch.nn.functional.scaled_dot_product_attention`, forward and the gradients of q, k and v, on
 hypothesis-drawn shapes; multi-head attention with `torch.nn.MultiheadAttention(batch_first=True)`
 loaded with the same weights. Causality is a property: changing a future token never changes the
-outputs at earlier positions.
+outputs at earlier positions. Without PyTorch (a student edition) the same tests compare with the
+NumPy references of `tests/support/refs.py` (`sdpa`, `multi_head_attention`) and float64 central
+differences for the gradients, so nothing skips.
 """
 from __future__ import annotations
 
@@ -15,14 +17,31 @@ from hypothesis import strategies as st
 
 from tinytorch.core.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
 from tinytorch.core.tensor import Tensor
+from tests.support import params, refs
+from tests.support.families import check_row, family_rows
+from tests.support.refs import numeric_grads, torch_or_none
 
 pytestmark = pytest.mark.module("12")
 PROPERTY = settings(max_examples=30, deadline=None)
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def torch_or_skip():
-    return pytest.importorskip("torch")
+class Reference:
+    "A NumPy stand-in for torch's result: `.detach().numpy()` gives the value, `.grad` holds a central-difference gradient."
+
+    def __init__(self, value, grad=None, defined=None):
+        self.value, self.grad, self.defined = np.asarray(value), grad, defined
+
+    def detach(self):
+        return self
+
+    def numpy(self):
+        return self.value
+
+
+def _grad_view(ref: Reference, ours) -> np.ndarray:
+    "The reference gradient with kinks (none in attention, but kept general) replaced by ours."
+    return ref.grad if ref.defined is None else np.where(ref.defined, ref.grad, ours)
 
 
 @st.composite
@@ -36,12 +55,17 @@ def qkv_shapes(draw):
 
 
 def run_both(q, k, v, **kw):
-    "Our attention and torch's on the same float32 inputs: outputs and the three input gradients."
-    torch = torch_or_skip()
+    """Our attention and the reference's on the same float32 inputs: outputs and the three input
+    gradients. The reference is torch's, or without torch `refs.sdpa` and central differences."""
+    torch = torch_or_none()
     up = np.random.default_rng(7).standard_normal(q.shape[:-1] + (v.shape[-1],)).astype(np.float32)
     ours = [Tensor(a, requires_grad=True) for a in (q, k, v)]
     out = scaled_dot_product_attention(*ours, **kw)
     (out * Tensor(up)).sum().backward()
+    if torch is None:
+        fn = lambda *a: refs.sdpa(*a, **kw)  # noqa: E731
+        grads = numeric_grads(fn, [q, k, v], up)
+        return out, ours, Reference(fn(q, k, v)), [Reference(g, g, ok) for g, ok in grads]
     theirs = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
     tkw = dict(kw)
     if "mask" in tkw:
@@ -54,7 +78,8 @@ def run_both(q, k, v, **kw):
 def assert_same(out, ours, tout, theirs, what):
     np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=f"{what}: output")
     for name, a, b in zip("qkv", ours, theirs):
-        np.testing.assert_allclose(a.grad.data, b.grad.numpy(), rtol=RTOL, atol=ATOL, err_msg=f"{what}: gradient of {name}")
+        expected = _grad_view(b, a.grad.data) if isinstance(b, Reference) else b.grad.numpy()
+        np.testing.assert_allclose(a.grad.data, expected, rtol=RTOL, atol=ATOL, err_msg=f"{what}: gradient of {name}")
 
 
 @pytest.mark.exercise("12.1", "scaled_dot_product_attention")
@@ -124,7 +149,8 @@ def test_causal_mask_is_lower_triangular():
 
 
 def load_into_torch(mha: MultiHeadAttention):
-    torch = torch_or_skip()
+    import torch
+
     E, H = mha.embed_dim, mha.num_heads
     t = torch.nn.MultiheadAttention(E, H, batch_first=True)
     with torch.no_grad():
@@ -140,14 +166,31 @@ def load_into_torch(mha: MultiHeadAttention):
 @given(b=st.integers(1, 3), t=st.integers(1, 6), heads=st.sampled_from([1, 2, 4]), hd=st.integers(1, 4),
        causal=st.booleans(), seed=st.integers(0, 2**16))
 def test_multi_head_attention_matches_torch(b, t, heads, hd, causal, seed):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     E = heads * hd
     mha = MultiHeadAttention(E, heads, rng=seed)
-    tmha = load_into_torch(mha)
     x = np.random.default_rng(seed).standard_normal((b, t, E)).astype(np.float32)
     xt = Tensor(x, requires_grad=True)
     out = mha(xt, is_causal=causal)
     (out * out).sum().backward()
+    if torch is None:
+        projs = (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)
+        weights = [a for p in projs for a in (p.weight.data, p.bias.data)]
+        mask = causal_mask(t) if causal else None
+
+        def ref(x_, *ws):
+            y = refs.multi_head_attention(x_, x_, x_, *ws, num_heads=heads, mask=mask)
+            return y * y  # the loss is sum(out * out): differentiate it with an upstream of ones
+
+        value = refs.multi_head_attention(x, x, x, *weights, num_heads=heads, mask=mask)
+        np.testing.assert_allclose(out.data, value, rtol=RTOL, atol=ATOL, err_msg="MHA output (NumPy reference)")
+        grads = numeric_grads(ref, [x] + weights, np.ones(out.shape), wrt=[0, 1, 3, 5, 7])
+        named = [("input", xt)] + [(f"{n}_proj.weight", p.weight) for n, p in zip(("q", "k", "v", "out"), projs)]
+        for (name, tensor), (g, _) in zip(named, grads):
+            np.testing.assert_allclose(tensor.grad.data, g, rtol=1e-3, atol=1e-4,
+                                       err_msg=f"MHA gradient of {name} (central differences)")
+        return
+    tmha = load_into_torch(mha)
     tx = torch.tensor(x, requires_grad=True)
     kw = {}
     if causal:  # torch.nn.MultiheadAttention's boolean mask means the opposite: True = NOT allowed
@@ -184,3 +227,14 @@ def test_bad_configuration_is_named(args, words):
 def test_wrong_input_width_is_named():
     with pytest.raises(ValueError, match=r"\(batch, seq, 8\).*\(2, 3, 5\)"):
         MultiHeadAttention(8, 2)(Tensor(np.ones((2, 3, 5))))
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("12"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

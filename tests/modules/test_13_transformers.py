@@ -4,7 +4,10 @@ LayerNorm is compared with `torch.nn.functional.layer_norm` on hypothesis-drawn 
 transformer block and a whole GPT with a PyTorch model built from `nn.Embedding`, `nn.LayerNorm`,
 `nn.MultiheadAttention` and `nn.Linear` in the same arrangement, loaded with the same weights
 through the documented parameter names: logits and every parameter's gradient must agree.
-Causality and generation (seeded reproducibility, top-k, greedy) are properties.
+Causality and generation (seeded reproducibility, top-k, greedy) are properties. Without PyTorch
+(a student edition) the same tests compare with the NumPy references of `tests/support/refs.py`
+(`layer_norm`, `transformer_block`, `gpt_logits`) and float64 central differences for the
+gradients, so nothing skips.
 """
 from __future__ import annotations
 
@@ -17,19 +20,25 @@ from tinytorch.core.autograd import no_grad
 from tinytorch.core.losses import CrossEntropyLoss
 from tinytorch.core.tensor import Tensor
 from tinytorch.models.gpt import GPT, LayerNorm, LayerNormFunction, TransformerBlock
+from tests.support import params, refs
+from tests.support.families import check_row, family_rows
+from tests.support.refs import numeric_grads, torch_or_none
 
 pytestmark = pytest.mark.module("13")
 
 
-def torch_or_skip():
-    return pytest.importorskip("torch")
+def check_fd(pairs, fn, arrays, upstream, what, rtol=1e-3, atol=1e-4):
+    "Without torch: each (name, Tensor) of `pairs` against the central-difference gradient of `fn` at `arrays`."
+    for (name, t), (g, ok) in zip(pairs, numeric_grads(fn, arrays, upstream)):
+        np.testing.assert_allclose(t.grad.data, np.where(ok, g, t.grad.data), rtol=rtol, atol=atol,
+                                   err_msg=f"{what}: gradient of {name} (central differences)")
 
 
 @pytest.mark.exercise("13.1", "LayerNormFunction.forward")
 @settings(max_examples=30, deadline=None)
 @given(shape=st.tuples(st.lists(st.integers(1, 4), max_size=2), st.integers(2, 8)).map(lambda t: (*t[0], t[1])), seed=st.integers(0, 2**16))
 def test_layernorm_matches_torch(shape, seed):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)  # a normalised axis of size 1 has gradient 0 exactly: size >= 2
     w, b = rng.standard_normal(shape[-1]).astype(np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
@@ -37,6 +46,11 @@ def test_layernorm_matches_torch(shape, seed):
     ts = [Tensor(a, requires_grad=True) for a in (x, w, b)]
     out = LayerNormFunction.apply(*ts)
     (out * Tensor(up)).sum().backward()
+    if torch is None:
+        np.testing.assert_allclose(out.data, refs.layer_norm(x.astype(np.float64), w, b), rtol=1e-4, atol=1e-4,
+                                   err_msg=f"LayerNorm forward (NumPy reference), shape {shape}")
+        check_fd(list(zip(("x", "weight", "bias"), ts)), refs.layer_norm, [x, w, b], up, f"LayerNorm, shape {shape}")
+        return
     tt = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
     tout = torch.nn.functional.layer_norm(tt[0], (shape[-1],), tt[1], tt[2], eps=1e-5)
     (tout * torch.tensor(up)).sum().backward()
@@ -91,14 +105,28 @@ class TorchBlock:
 @settings(max_examples=10, deadline=None)
 @given(b=st.integers(1, 2), t=st.integers(1, 6), heads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
 def test_block_matches_torch(b, t, heads, seed):
-    torch = torch_or_skip()
+    torch = torch_or_none()
     E = 8
     block = TransformerBlock(E, heads, rng=seed)
-    tb = TorchBlock(torch, E, heads).load(block)
     x = np.random.default_rng(seed).standard_normal((b, t, E)).astype(np.float32)
     xt = Tensor(x, requires_grad=True)
     y = block(xt)
     (y * y).sum().backward()
+    if torch is None:
+        params = {n: p.data for n, p in block.named_parameters()}
+        checked = ["ln1.weight", "mlp.fc.weight", "mlp.proj.weight", "attn.out_proj.weight"]
+
+        def loss(x_, *ws):
+            out = refs.transformer_block(x_, {**params, **dict(zip(checked, ws))}, heads)
+            return out * out
+
+        np.testing.assert_allclose(y.data, refs.transformer_block(x, params, heads), rtol=1e-4, atol=1e-4,
+                                   err_msg="block output (NumPy reference)")
+        named = dict(block.named_parameters())
+        check_fd([("x", xt)] + [(n, named[n]) for n in checked], loss, [x] + [params[n] for n in checked],
+                 np.ones(y.shape), "block", atol=1e-3)
+        return
+    tb = TorchBlock(torch, E, heads).load(block)
     tx = torch.tensor(x, requires_grad=True)
     ty = tb(tx)
     (ty * ty).sum().backward()
@@ -137,13 +165,27 @@ def torch_gpt(torch, model: GPT):
 
 @pytest.mark.exercise("13.3", "GPT.forward")
 def test_gpt_logits_and_gradients_match_torch():
-    torch = torch_or_skip()
+    torch = torch_or_none()
     model = GPT(vocab_size=13, context_length=8, embed_dim=16, num_heads=4, num_layers=2, rng=0)
     ids = np.random.default_rng(1).integers(0, 13, (3, 7))
     targets = np.random.default_rng(2).integers(0, 13, (3, 7))
     logits = model(ids)
     loss = CrossEntropyLoss()(logits.reshape(-1, 13), targets.reshape(-1))
     loss.backward()
+    if torch is None:
+        params = {n: p.data for n, p in model.named_parameters()}
+        np.testing.assert_allclose(logits.data, refs.gpt_logits(ids, params, 4, 2), rtol=1e-4, atol=1e-4,
+                                   err_msg="GPT logits (NumPy reference)")
+        checked = ["tok_emb.weight", "pos_emb.weight", "ln_f.weight", "head.weight", "blocks.0.ln2.bias",
+                   "blocks.1.ln2.bias", "blocks.1.attn.out_proj.weight"]
+
+        def ce(*ws):
+            z = refs.gpt_logits(ids, {**params, **dict(zip(checked, ws))}, 4, 2)
+            return refs.cross_entropy(z.reshape(-1, 13), targets.reshape(-1))
+
+        ours = dict(model.named_parameters())
+        check_fd([(n, ours[n]) for n in checked], ce, [params[n] for n in checked], 1.0, "GPT", atol=1e-5)
+        return
     forward, named = torch_gpt(torch, model)
     tlogits = forward(ids)
     tloss = torch.nn.functional.cross_entropy(tlogits.reshape(-1, 13), torch.tensor(targets.reshape(-1)))
@@ -215,3 +257,14 @@ def test_bad_configuration_is_named():
         GPT(10, 4, 8, 2, 0)
     with pytest.raises(ValueError, match="divisible"):
         GPT(10, 4, 10, 3, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's rows of the shared reference table (tests/support/families.py): value and every
+# input's gradient against torch, or without torch against NumPy and central differences
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", params(family_rows("13"), "grad"))
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_family_rows_match_the_reference(op, data, seed):
+    check_row(op, data.draw(op.inputs(), label="case"), seed)

@@ -521,3 +521,28 @@ def grad_leaves(case: Case, tt: list) -> list:
         else:
             out.append((f"arg{i}", a))
     return out
+
+
+def ref_value_and_grads(op: Op, case: Case, upstream) -> tuple[np.ndarray, list]:
+    """Without torch: the row's NumPy reference value (on the float32 inputs) and, for every argument
+    that requires grad (in `grad_leaves` order), its float64 central-difference gradient of
+    sum(ref(...) * upstream) with the mask of where it is defined (`refs.numeric_grads`)."""
+    from .refs import numeric_grads
+
+    value = np.asarray(op.ref(*case.args, **case.kwargs))
+    slots = []  # (arg index, list index or None) of every leaf
+    for i, (a, g) in enumerate(zip(case.args, case.grad)):
+        if g:
+            slots += [(i, j) for j in range(len(a))] if isinstance(a, list) else [(i, None)]
+    leaves = [case.args[i] if j is None else case.args[i][j] for i, j in slots]
+
+    def f(*xs):
+        args = [list(a) if isinstance(a, list) else a for a in case.args]
+        for (i, j), x in zip(slots, xs):
+            if j is None:
+                args[i] = x
+            else:
+                args[i][j] = x
+        return op.ref(*args, **case.kwargs)
+
+    return value, numeric_grads(f, leaves, upstream)

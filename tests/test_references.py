@@ -1,0 +1,237 @@
+"""The references hold without PyTorch, and the package tests can fail.
+
+- With torch hidden (as in a student edition), module 06's package tests pass on the package and
+  skip nothing, and fail on a copy with one wrong gradient rule (`gelu_backward` missing its factor
+  3, `var_backward` dividing by N - 1): before the torch-free references, both passed there.
+- A catalogue of realistic one-line bugs of modules 06-09 (`tests/support/mutation.py`), each run
+  against its module's package tests with torch hidden: every one must be caught.
+- Every module's package tests fail on the released stubs (the package with that module exported
+  from its release notebook, the earlier modules solved), as `tests/test_notebooks.py` proves for
+  the graded cells.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.mutation import MUTATIONS, Mutation, copy_edition, mutated_edition, run_module_tests
+from tito import notebooks as nbs
+from tito.course import Settings, load_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+IS_INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
+instructor_only = pytest.mark.skipif(not IS_INSTRUCTOR, reason="needs the instructor edition (solutions)")
+MODULES = load_modules(ROOT)
+
+GELU = next(m for m in MUTATIONS if m.function == "gelu_backward")
+VAR = next(m for m in MUTATIONS if m.function == "var_backward")
+
+
+def describe(run) -> str:
+    return f"{run.passed} passed, {run.failed} failed, {run.skipped} skipped, {run.errors} errors:\n{run.output[-3000:]}"
+
+
+def test_hiding_torch_works():
+    import subprocess
+
+    code = "import tests.support.no_torch\ntry:\n    import torch.nn\nexcept ImportError:\n    print('hidden')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.strip() == "hidden", f"tests.support.no_torch did not hide torch: {out.stdout} {out.stderr[-500:]}"
+
+
+@pytest.mark.slow
+@instructor_only
+def test_module_06_without_torch_passes_and_skips_nothing():
+    with mutated_edition(ROOT) as copy:
+        run = run_module_tests(copy, "06", hide_torch=True)
+    assert run.returncode == 0 and run.failed == 0, f"module 06 without torch: {describe(run)}"
+    assert run.skipped == 0, f"module 06 without torch skipped {run.skipped} tests: {run.skip_reasons}"
+    assert run.passed >= 90, f"module 06 without torch ran only {run.passed} tests"
+
+
+@pytest.mark.slow
+@instructor_only
+@pytest.mark.parametrize("bug", [GELU, VAR], ids=["gelu_backward", "var_backward"])
+def test_module_06_without_torch_catches_a_wrong_rule(bug):
+    with mutated_edition(ROOT, bug) as copy:
+        run = run_module_tests(copy, "06", hide_torch=True, extra_args=["-x"])
+    assert run.caught, f"module 06's tests (torch hidden) pass with {bug.function} changed ({bug.why}): {describe(run)}"
+
+
+@pytest.mark.slow
+@instructor_only
+def test_mutation_catalogue_is_caught_without_torch(capsys):
+    """Each realistic bug of 06-09 fails the package tests of its exercise (`--exercise`), torch hidden;
+    prints the catch rate."""
+    def run_one(bug: Mutation):
+        with mutated_edition(ROOT, bug) as copy:
+            return bug, run_module_tests(copy, bug.module, hide_torch=True, extra_args=["-x"], exercise=bug.exercise)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run_one, MUTATIONS))
+    missed = [bug.name for bug, run in results if not run.caught]
+    with capsys.disabled():
+        print(f"\nmutation catalogue (torch hidden, each bug against its exercise's tests): "
+              f"{len(results) - len(missed)} of {len(results)} caught")
+    assert not missed, f"these bugs pass their exercise's package tests without torch: {missed}"
+
+
+def released_module(module, dest):
+    """A copy of the edition at `dest` whose package holds module `module`'s release (its solutions
+    stubbed, as a student receives it) and the solved prerequisites, as tests/test_notebooks.py builds it."""
+    copy_edition(ROOT, dest)
+    folder = dest / "modules" / module.slug
+    folder.mkdir(parents=True)
+    shutil.copy2(module.folder / "module.toml", folder / "module.toml")
+    nbs.write(nbs.release(nbs.read(module.notebook)), folder / module.notebook.name)
+    nbs.export(dest, folder / module.notebook.name)
+    return dest
+
+
+@pytest.mark.slow
+@instructor_only
+@pytest.mark.parametrize("chunk", [MODULES[i::3] for i in range(3)], ids=["chunk0", "chunk1", "chunk2"])
+def test_package_tests_fail_on_the_released_stubs(chunk, tmp_path):
+    """Each module's package tests fail on its released stubs (earlier modules solved), at a test of
+    that module's own exercise that reports it unimplemented: the tests can fail, as the graded cells can."""
+    passing = []
+    for m in chunk:
+        edition = released_module(m, tmp_path / m.slug)
+        assert "NotImplementedError" in m.package_file(edition).read_text(), f"{m.slug}: the release holds no stubs"
+        run = run_module_tests(edition, m.number, hide_torch=True, extra_args=["-x"])
+        if not (run.failed and "not implemented yet" in run.output):
+            passing.append(f"{m.slug}: {describe(run)}")
+    assert not passing, ("these modules' package tests do not fail on the unfilled release (or fail before reaching "
+                         "a stub):\n" + "\n".join(passing))
+
+
+# ---------------------------------------------------------------------------------------------
+# The torch-free references themselves: central differences, and agreement with PyTorch
+# ---------------------------------------------------------------------------------------------
+def test_numeric_grads_are_exact_on_smooth_functions_and_flag_kinks():
+    import numpy as np
+
+    from tests.support.refs import numeric_grads
+
+    x = np.array([[0.5, -1.0, 2.0], [0.0, 3.0, 3.0]], np.float32)
+    up = np.array([0.5, -0.75], np.float32)
+    [(g, ok)] = numeric_grads(lambda a: np.sum(np.tanh(a) * a, axis=1), [x], up)
+    exact = (np.tanh(x) + x / np.cosh(x) ** 2) * up[:, None]
+    assert ok.all() and np.allclose(g, exact, rtol=1e-7, atol=1e-9), f"smooth: {g} vs {exact}"
+    [(g, ok)] = numeric_grads(lambda a: np.maximum(a, 0.0).max(axis=1), [x], up)
+    assert ok.tolist() == [[True, True, True], [True, False, False]], f"the tie of row 1 must be flagged: {ok}"
+    assert np.allclose(g[0], [0, 0, 0.5]), f"the max of row 0 gets the upstream gradient: {g[0]}"
+
+
+TORCH_CHECKS = ["conv2d", "pools", "batch_norm", "layer_norm", "attention", "optimizers", "schedules_and_clip"]
+
+
+@pytest.mark.parametrize("family", TORCH_CHECKS)
+def test_numpy_references_agree_with_torch(family):
+    """Every torch-free reference of tests/support/refs.py equals PyTorch where PyTorch is installed."""
+    import numpy as np
+
+    from tests.support import refs
+
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(0)
+
+    def close(a, b, what, tol=1e-5):
+        b = b.detach().double().numpy() if hasattr(b, "detach") else np.asarray(b)
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"refs {what} vs torch")
+
+    def t(a):  # a copy: torch updates running statistics and clips gradients in place
+        return torch.from_numpy(np.array(a, dtype=np.float64, order="C", copy=True))
+
+    x = rng.standard_normal((2, 3, 7, 6))
+    if family == "conv2d":
+        w, b = rng.standard_normal((4, 3, 3, 2)), rng.standard_normal(4)
+        close(refs.conv2d(x, w, b, (2, 1), (1, 2)), F.conv2d(t(x), t(w), t(b), stride=(2, 1), padding=(1, 2)), "conv2d")
+    elif family == "pools":
+        close(refs.max_pool2d(x, (3, 2), (2, 1)), F.max_pool2d(t(x), (3, 2), (2, 1)), "max_pool2d")
+        close(refs.avg_pool2d(x, 2), F.avg_pool2d(t(x), 2), "avg_pool2d")
+        xi = rng.integers(0, 3, (2, 3, 7, 6)).astype(np.float64)  # ties
+        g = rng.standard_normal((2, 3, 5, 4))
+        tx = t(xi).requires_grad_(True)
+        F.max_pool2d(tx, 3, 1).backward(t(g))
+        close(refs.max_pool2d_grad(xi, 3, 1, g), tx.grad, "max_pool2d_grad (first maximum)")
+    elif family == "batch_norm":
+        w, b, rm, rv = rng.uniform(0.5, 1.5, 3), rng.standard_normal(3), rng.standard_normal(3), rng.uniform(0.5, 2, 3)
+        trm, trv = t(rm), t(rv)
+        y = F.batch_norm(t(x), trm, trv, t(w), t(b), training=True, momentum=0.1, eps=1e-5)
+        ry, nm, nv = refs.batch_norm_train(x, w, b, rm, rv)
+        close(ry, y, "batch_norm_train output")
+        close(nm, trm, "batch_norm_train running_mean")
+        close(nv, trv, "batch_norm_train running_var")
+        close(refs.batch_norm_eval(x, w, b, rm, rv, eps=1e-3),
+              F.batch_norm(t(x), t(rm), t(rv), t(w), t(b), training=False, eps=1e-3), "batch_norm_eval")
+    elif family == "layer_norm":
+        w, b = rng.standard_normal(6), rng.standard_normal(6)
+        close(refs.layer_norm(x, w, b), F.layer_norm(t(x), (6,), t(w), t(b)), "layer_norm")
+        ids = rng.integers(0, 5, (2, 4))
+        table = rng.standard_normal((5, 3))
+        close(refs.embedding(table, ids), F.embedding(torch.from_numpy(ids), t(table)), "embedding")
+        close(refs.gelu_tanh(x), F.gelu(t(x), approximate="tanh"), "gelu_tanh")
+    elif family == "attention":
+        q, k, v = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 5, 2))
+        mask = rng.random((4, 5)) < 0.6
+        mask[:, 0] = True
+        bias = rng.standard_normal((4, 5))
+        sd = F.scaled_dot_product_attention
+        close(refs.sdpa(q, k, v), sd(t(q), t(k), t(v)), "sdpa")
+        close(refs.sdpa(q, k, v, mask=mask), sd(t(q), t(k), t(v), attn_mask=torch.from_numpy(mask)), "sdpa bool mask")
+        close(refs.sdpa(q, k, v, mask=bias), sd(t(q), t(k), t(v), attn_mask=t(bias)), "sdpa float mask")
+        close(refs.sdpa(q, k, v, is_causal=True), sd(t(q), t(k), t(v), is_causal=True), "sdpa is_causal")
+        E, H = 6, 3
+        mha = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+        xs = rng.standard_normal((2, 4, E))
+        wi, bi = mha.in_proj_weight.detach().numpy(), mha.in_proj_bias.detach().numpy()
+        ws = [a for i in range(3) for a in (wi[i * E:(i + 1) * E], bi[i * E:(i + 1) * E])]
+        ws += [mha.out_proj.weight.detach().numpy(), mha.out_proj.bias.detach().numpy()]
+        causal = np.tril(np.ones((4, 4), bool))
+        ours = refs.multi_head_attention(xs, xs, xs, *ws, num_heads=H, mask=causal)
+        theirs = mha(t(xs), t(xs), t(xs), attn_mask=torch.from_numpy(~causal), need_weights=False)[0]
+        close(ours, theirs, "multi_head_attention")
+    elif family == "optimizers":
+        for name, kw in [("SGD", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+                         ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+                         ("Adam", dict(lr=0.01, betas=(0.8, 0.95), weight_decay=0.05)),
+                         ("AdamW", dict(lr=0.01, weight_decay=0.1))]:
+            ours = [rng.standard_normal((3, 2))]
+            theirs = [t(ours[0]).requires_grad_(True)]
+            ref, opt = refs.ReferenceOptimizer(name, **kw), getattr(torch.optim, name)(theirs, **kw)
+            for _ in range(6):
+                g = ours[0] - 2.0  # the gradient of |p - 2|^2 / 2, the same on both sides
+                theirs[0].grad = t(theirs[0].detach().numpy() - 2.0)
+                ref.step(ours, [g])
+                opt.step()
+            close(ours[0], theirs[0], f"{name}({kw}) after 6 steps", tol=1e-10)
+    elif family == "schedules_and_clip":
+        p = torch.nn.Parameter(torch.zeros(1))
+        for make, ref in [(lambda o: torch.optim.lr_scheduler.StepLR(o, 3, gamma=0.5), lambda e: refs.step_lr(0.2, e, 3, 0.5)),
+                          (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 5, eta_min=0.01),
+                           lambda e: refs.cosine_lr(0.2, e, 5, 0.01)),
+                          (lambda o: torch.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, total_iters=4),
+                           lambda e: refs.linear_warmup_lr(0.2, e, 4, 0.1))]:
+            opt = torch.optim.SGD([p], lr=0.2)
+            sched = make(opt)
+            for epoch in range(12):
+                close(ref(epoch), opt.param_groups[0]["lr"], f"schedule at epoch {epoch}", tol=1e-9)
+                opt.step()
+                sched.step()
+        grads = [rng.standard_normal((3, 2)), None, rng.standard_normal(4)]
+        ps = [torch.nn.Parameter(torch.zeros(g.shape if g is not None else 1, dtype=torch.float64)) for g in grads]
+        for q, g in zip(ps, grads):
+            q.grad = None if g is None else t(g)
+        norm = torch.nn.utils.clip_grad_norm_(ps, 0.5)
+        clipped, total = refs.clip_by_total_norm(grads, 0.5)
+        close(total, norm, "clip_by_total_norm norm")
+        for c, q in zip(clipped, ps):
+            if c is not None:
+                close(c, q.grad, "clip_by_total_norm gradients")
