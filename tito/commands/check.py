@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -314,7 +313,7 @@ def checkpoint(ref: str = typer.Argument(..., help="module number: checks every 
     console.print(table)
     ok = tests and not failed and data.get("exitstatus") == 0
     if ok:
-        ctx.progress.entry(m.number)["checkpoint"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        ctx.progress.mark_checkpoint(m.number)
         ctx.progress.save()
         console.print(f"[bold green]checkpoint {m.number} passed[/]")
     else:
