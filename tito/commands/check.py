@@ -96,16 +96,22 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
         return data
 
 
-def print_notebook_report(report: nbs.Report) -> None:
+def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None) -> str:
+    """Why a cell failed, prefixed with the earlier module whose exported code raised, if another one did."""
+    where = c.where(modules, own) if modules else ""
+    return f"{where}: {c.reason()}" if where else c.reason()
+
+
+def print_notebook_report(report: nbs.Report, modules=(), own: str | None = None) -> None:
     table = Table(title=f"notebook tests: {report.notebook.name}")
     for col in ("test", "points", "result"):
         table.add_column(col)
     for c in report.tests:
-        mark = "[green]passed[/]" if c.ok else f"[red]{escape(c.reason())}[/]"
+        mark = "[green]passed[/]" if c.ok else f"[red]{escape(cell_reason(c, modules, own))}[/]"
         table.add_row(escape(c.label), f"{c.points if c.ok else 0:g}/{c.points:g}", mark)
     console.print(table)
     for c in report.errors:
-        console.print(f"[red]{escape(c.label)} raised[/] {escape(c.reason())}")
+        console.print(f"[red]{escape(c.label)} raised[/] {escape(cell_reason(c, modules, own))}")
     if report.fatal:
         console.print(f"[red]{escape(report.fatal)}[/]")
 
@@ -192,8 +198,8 @@ class CellProgress:
     """One line per graded cell, failure and slow cell while the notebook runs; in a terminal, a
     spinner names the cell that is running and its time limit."""
 
-    def __init__(self, timeout: float):
-        self.timeout, self.status = timeout, None
+    def __init__(self, timeout: float, modules=(), own: str | None = None):
+        self.timeout, self.status, self.modules, self.own = timeout, None, modules, own
 
     def __call__(self, event, item, pos, total):
         if event == "start":
@@ -211,7 +217,7 @@ class CellProgress:
         mark = "[green]ok  [/]" if res.ok else "[red]FAIL[/]"
         line = f"  \\[{pos:>2}/{total}] {mark} {res.seconds:5.1f} s  {escape(res.label)}"
         if not res.ok:
-            line += f": {escape(res.reason()[:160])}"
+            line += f": {escape(cell_reason(res, self.modules, self.own)[:240])}"
         console.print(line)
 
     def close(self):
@@ -241,7 +247,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
     timeout = student_cell_timeout(ctx)
     console.print(f"[bold]Module {m.number} ({m.title})[/]: running the notebook's graded tests "
                   f"(at most {timeout:g} s per cell)...")
-    progress = CellProgress(timeout)
+    progress = CellProgress(timeout, ctx.modules, m.number)
     try:
         report = nbs.execute(m.notebook, cwd=m.folder, pythonpath=ctx.root, timeout=timeout, source=nb,
                              on_cell=progress)
@@ -251,7 +257,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
         console.print(f"[bold red]stopped:[/] {escape(report.timed_out.label)} did not finish within {timeout:g} s "
                       "(the per-cell limit, \\[execution] student_cell_timeout in settings.ini); the cells after it "
                       "were not run")
-    print_notebook_report(report)
+    print_notebook_report(report, ctx.modules, m.number)
     pytest_ok = True
     if not suite.exists():
         console.print(f"[yellow]no package tests at {suite.relative_to(ctx.root)}[/]")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -144,10 +145,15 @@ def back_up(ctx: Ctx, m) -> Path | None:
 
 
 def module_backups(ctx: Ctx, m) -> list[Path]:
-    """`m`'s backups, oldest first (by the time they were made, which their names carry)."""
+    """`m`'s backups, oldest first, by the time their names carry (`NN_name-DATE-TIME[-n].ipynb`; a
+    backup keeps its notebook's modification time, so that is not when it was made)."""
     folder = backups_dir(ctx)
-    found = [p for p in folder.glob(f"{m.slug}-*.ipynb")] if folder.is_dir() else []
-    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
+    found = []
+    for p in folder.glob(f"{m.slug}-*.ipynb") if folder.is_dir() else []:
+        made = re.fullmatch(rf"{re.escape(m.slug)}-(\d{{8}}-\d{{6}})(?:-(\d+))?\.ipynb", p.name)
+        if made:
+            found.append(((made.group(1), int(made.group(2) or 0)), p))
+    return [p for _, p in sorted(found)]
 
 
 def replace_notebook(source: Path, notebook: Path) -> None:
