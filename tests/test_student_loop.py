@@ -39,6 +39,14 @@ def test_numpy_testing_message_is_not_lost():
     assert "Mismatched elements" in reason and "ACTUAL: array([1., 2.])" in reason, reason
 
 
+def test_pytest_explanation_after_the_message_is_dropped():
+    e = AssertionError("gelu_backward is 24.8x slower than a vectorised formula; expected at most 3x\n"
+                       "assert 24.763546856405483 <= 3")
+    assert summarize(e) == "AssertionError: gelu_backward is 24.8x slower than a vectorised formula; expected at most 3x"
+    bare = AssertionError("assert 2 == 3\n +  where 2 = f()")
+    assert summarize(bare) == "AssertionError: assert 2 == 3; + where 2 = f()", summarize(bare)
+
+
 def test_empty_assertion_says_so():
     assert summarize(AssertionError()) == "AssertionError (no message)"
 

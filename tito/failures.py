@@ -100,19 +100,28 @@ def module_of(rel_path: str, modules) -> object | None:
     return None
 
 
-def where_it_failed(frames: list[tuple[str, str]], modules, own_module: str | None, root: Path | None = None) -> str:
-    """'the failure is inside module 12's scaled_dot_product_attention (tinytorch/core/attention.py)' when
-    the deepest frame in the exported package belongs to another module than the one being tested;
-    '' otherwise. `frames` are (filename, qualified function name), outermost first."""
+def other_module_frame(frames: list[tuple[str, str]], modules, own_module: str | None,
+                       root: Path | None = None) -> tuple[str, str, str] | None:
+    """(module number, function, `tinytorch/...py`) of the deepest frame in the exported package when
+    it belongs to another module than `own_module`; None otherwise. `frames` are (filename, qualified
+    function name), outermost first."""
     for filename, function in reversed(frames):
         rel = package_path(filename, root)
         if rel is None:
             continue
         m = module_of(rel, modules)
         if m is None or m.number == own_module:
-            return ""
-        return f"the failure is inside module {m.number}'s {function} ({rel})"
-    return ""
+            return None
+        return m.number, function, rel
+    return None
+
+
+def where_it_failed(frames: list[tuple[str, str]], modules, own_module: str | None, root: Path | None = None) -> str:
+    """'the failure is inside module 12's scaled_dot_product_attention (tinytorch/core/attention.py)' when
+    the deepest frame in the exported package belongs to another module than the one being tested;
+    '' otherwise."""
+    found = other_module_frame(frames, modules, own_module, root)
+    return f"the failure is inside module {found[0]}'s {found[1]} ({found[2]})" if found else ""
 
 
 def traceback_frames(tb) -> list[tuple[str, str]]:

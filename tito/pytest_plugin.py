@@ -106,7 +106,12 @@ def summarize(exc: BaseException, limit: int = 500) -> str:
         where = failures.package_path(rec[1]) if rec else None
         text = f"{name}: " + failures.recursion_note(rec[0] if rec else None, rec[2] if rec else None, where or "")
     else:
-        text = failures.describe(name, str(first))
+        message = str(first)
+        if isinstance(first, AssertionError):  # drop pytest's "assert 24.7 <= 3" after the test's own words
+            lines = message.splitlines()
+            cut = next((i for i, ln in enumerate(lines) if i and ln.startswith("assert ")), None)
+            message = "\n".join(lines[:cut]) if cut is not None and any(ln.strip() for ln in lines[:cut]) else message
+        text = failures.describe(name, message)
     if len(leaves) > 1:
         text = f"{len(leaves)} different failures; the first: {text}"
     notes = [n for n in getattr(first, "__notes__", []) or [] if isinstance(n, str)]
@@ -133,15 +138,15 @@ def _course_modules(item):
     return _MODULES[start]
 
 
-def _where(item, exc: BaseException) -> str:
-    """'the failure is inside module 12's f (tinytorch/core/attention.py)' when the deepest frame of the
-    exported package belongs to another module than the test's own (its `module` mark)."""
+def _other_module(item, exc: BaseException):
+    """(module, function, file) when the deepest frame of the exported package belongs to another module
+    than the test's own (its `module` mark); None otherwise."""
     marker = item.get_closest_marker("module")
     own = str(marker.args[0]).zfill(2) if marker and marker.args else None
     root, modules = _course_modules(item)
     if not modules:
-        return ""
-    return failures.where_it_failed(failures.traceback_frames(exc.__traceback__), modules, own, root)
+        return None
+    return failures.other_module_frame(failures.traceback_frames(exc.__traceback__), modules, own, root)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -155,16 +160,16 @@ def pytest_runtest_makereport(item, call):
     header = f"Exercise {number} ({function})" if number else item.nodeid
     missing = _not_implemented_function(call.excinfo)
     if missing:
-        where = _where(item, _not_implemented(call.excinfo.value))
+        other = _other_module(item, _not_implemented(call.excinfo.value))
         rep.tito_reason = f"not implemented yet: {missing}"
-        if where:
-            rep.tito_reason += f" ({where.replace('the failure is inside ', '')})"
+        if other:
+            rep.tito_reason += f" (module {other[0]}, {other[2]})"
         rep.longrepr = f"{header}: {rep.tito_reason}"
     else:
         rep.tito_reason = summarize(call.excinfo.value)
-        where = _where(item, _leaves(call.excinfo.value)[0])
-        if where:
-            rep.tito_reason = f"{where}: {rep.tito_reason}"
+        other = _other_module(item, _leaves(call.excinfo.value)[0])
+        if other:
+            rep.tito_reason = f"the failure is inside module {other[0]}'s {other[1]} ({other[2]}): {rep.tito_reason}"
         if number:
             rep.sections.insert(0, ("what to fix", f"{header}: {rep.tito_reason}"))
 
@@ -230,8 +235,8 @@ def pytest_terminal_summary(terminalreporter):
     for rep in terminalreporter.stats.get("failed", []):
         reason = getattr(rep, "tito_reason", "")
         if reason.startswith("not implemented yet"):
-            missing.setdefault(reason.split(": ", 1)[1], 0)
-            missing[reason.split(": ", 1)[1]] += 1
+            fn = reason.split(": ", 1)[1]
+            missing[fn] = missing.get(fn, 0) + 1
     if missing:
         terminalreporter.section("not implemented yet")
         for fn, n in sorted(missing.items()):

@@ -17,7 +17,7 @@ from tito import milestones
 from tito import notebooks as nbs
 from tito.commands.check import test_module
 from tito.context import Ctx, modules_table
-from tito.course import CourseError
+from tito.course import CourseError, all_prerequisites
 from tito.student import student_jupyter_env
 from tito.ui import console, handle_errors
 
@@ -215,8 +215,9 @@ def module_complete(ref: str = typer.Argument(..., help="module number or name")
     ctx.progress.mark_completed(m.number, report.score, report.max_score)
     ctx.progress.save()
     console.print(f"[bold green]module {m.number} ({m.title}) completed[/]")
-    unlocked = [x for x in ctx.modules
-                if x.number != m.number and before[x.number] == "locked" and ctx.state(x) != "locked"]
+    unlocked = [x for x in ctx.modules  # by this completion (another command may have completed others meanwhile)
+                if x.number != m.number and before[x.number] == "locked" and ctx.state(x) != "locked"
+                and m.number in all_prerequisites(ctx.root, x)]
     for x in unlocked:
         console.print(f"unlocked: module {x.number} ({x.title}): `tito module start {x.number}`")
     for ms in milestones.discover(ctx.root):
