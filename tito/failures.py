@@ -100,28 +100,38 @@ def module_of(rel_path: str, modules) -> object | None:
     return None
 
 
-def other_module_frame(frames: list[tuple[str, str]], modules, own_module: str | None,
-                       root: Path | None = None) -> tuple[str, str, str] | None:
-    """(module number, function, `tinytorch/...py`) of the deepest frame in the exported package when
-    it belongs to another module than `own_module`; None otherwise. `frames` are (filename, qualified
-    function name), outermost first."""
-    for filename, function in reversed(frames):
+def module_chain(frames: list[tuple[str, str]], modules, own_module: str | None,
+                 root: Path | None = None) -> list[tuple[str, str, str]]:
+    """The other modules a failure went through, deepest first: (module number, function,
+    `tinytorch/...py`) for the deepest frame of each module on the way down, when the deepest frame in
+    the exported package belongs to another module than `own_module`; [] otherwise (the failure is in
+    the module's own code, or in no package code). `frames` are (filename, qualified function name),
+    outermost first."""
+    chain: list[tuple[str, str, str]] = []
+    for filename, function in frames:
         rel = package_path(filename, root)
-        if rel is None:
+        m = module_of(rel, modules) if rel else None
+        if m is None or function.endswith(".__call__"):  # `Module.__call__` only dispatches to forward
             continue
-        m = module_of(rel, modules)
-        if m is None or m.number == own_module:
-            return None
-        return m.number, function, rel
-    return None
+        if chain and chain[-1][0] == m.number:
+            chain[-1] = (m.number, function, rel)
+        else:
+            chain.append((m.number, function, rel))
+    if not chain or chain[-1][0] == own_module:
+        return []
+    return [c for c in reversed(chain) if c[0] != own_module]
 
 
 def where_it_failed(frames: list[tuple[str, str]], modules, own_module: str | None, root: Path | None = None) -> str:
-    """'the failure is inside module 12's scaled_dot_product_attention (tinytorch/core/attention.py)' when
-    the deepest frame in the exported package belongs to another module than the one being tested;
-    '' otherwise."""
-    found = other_module_frame(frames, modules, own_module, root)
-    return f"the failure is inside module {found[0]}'s {found[1]} ({found[2]})" if found else ""
+    """'the failure is inside module 03's Linear.forward (tinytorch/core/layers.py), called from module
+    12's MultiHeadAttention.forward (tinytorch/core/attention.py)' when the failure was raised in
+    another module's exported code (its callers on the way name where a bad input came from); ''
+    otherwise."""
+    chain = module_chain(frames, modules, own_module, root)
+    if not chain:
+        return ""
+    text = "the failure is inside " + ", called from ".join(f"module {n}'s {fn} ({rel})" for n, fn, rel in chain[:3])
+    return text + (" ..." if len(chain) > 3 else "")
 
 
 def traceback_frames(tb) -> list[tuple[str, str]]:

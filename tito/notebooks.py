@@ -231,11 +231,6 @@ class CellResult:
             return "; ".join(lines) if lines else "an assertion failed (no message)"
         return failures.describe(self.ename, self.evalue) if self.evalue else self.ename
 
-    def where(self, modules, own_module: str | None) -> str:
-        """'the failure is inside module 12's f (tinytorch/...)' when the error was raised in another
-        module's exported code (see `tito.failures.where_it_failed`); '' otherwise."""
-        return failures.where_it_failed(failures.text_frames(self.traceback), modules, own_module)
-
 
 @dataclass
 class Report:

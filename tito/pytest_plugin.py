@@ -138,15 +138,15 @@ def _course_modules(item):
     return _MODULES[start]
 
 
-def _other_module(item, exc: BaseException):
-    """(module, function, file) when the deepest frame of the exported package belongs to another module
-    than the test's own (its `module` mark); None otherwise."""
+def _chain(item, exc: BaseException) -> list:
+    """The other modules the failure went through, deepest first (see `tito.failures.module_chain`);
+    the test's own module is its `module` mark."""
     marker = item.get_closest_marker("module")
     own = str(marker.args[0]).zfill(2) if marker and marker.args else None
     root, modules = _course_modules(item)
     if not modules:
-        return None
-    return failures.other_module_frame(failures.traceback_frames(exc.__traceback__), modules, own, root)
+        return []
+    return failures.module_chain(failures.traceback_frames(exc.__traceback__), modules, own, root)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -160,16 +160,17 @@ def pytest_runtest_makereport(item, call):
     header = f"Exercise {number} ({function})" if number else item.nodeid
     missing = _not_implemented_function(call.excinfo)
     if missing:
-        other = _other_module(item, _not_implemented(call.excinfo.value))
+        chain = _chain(item, _not_implemented(call.excinfo.value))
         rep.tito_reason = f"not implemented yet: {missing}"
-        if other:
-            rep.tito_reason += f" (module {other[0]}, {other[2]})"
+        if chain:
+            rep.tito_reason += f" (module {chain[0][0]}, {chain[0][2]})"
         rep.longrepr = f"{header}: {rep.tito_reason}"
     else:
         rep.tito_reason = summarize(call.excinfo.value)
-        other = _other_module(item, _leaves(call.excinfo.value)[0])
-        if other:
-            rep.tito_reason = f"the failure is inside module {other[0]}'s {other[1]} ({other[2]}): {rep.tito_reason}"
+        chain = _chain(item, _leaves(call.excinfo.value)[0])
+        if chain:
+            where = "the failure is inside " + ", called from ".join(f"module {n}'s {fn} ({rel})" for n, fn, rel in chain[:3])
+            rep.tito_reason = f"{where}: {rep.tito_reason}"
         if number:
             rep.sections.insert(0, ("what to fix", f"{header}: {rep.tito_reason}"))
 

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tito import integrity
+from tito import failures, integrity
 from tito import notebooks as nbs
 from tito.context import Ctx
 from tito.course import CourseError, Module
@@ -98,8 +98,13 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
 
 def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None) -> str:
     """Why a cell failed, prefixed with the earlier module whose exported code raised, if another one did."""
-    where = c.where(modules, own) if modules else ""
-    return f"{where}: {c.reason()}" if where else c.reason()
+    frames = failures.text_frames(c.traceback)
+    chain = failures.module_chain(frames, modules, own) if modules else []
+    if not chain:
+        return c.reason()
+    if c.status == "not_implemented":
+        return f"{c.reason()} (module {chain[0][0]}, {chain[0][2]})"
+    return f"{failures.where_it_failed(frames, modules, own)}: {c.reason()}"
 
 
 def print_notebook_report(report: nbs.Report, modules=(), own: str | None = None) -> None:
