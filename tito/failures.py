@@ -144,13 +144,13 @@ def traceback_frames(tb) -> list[tuple[str, str]]:
     return frames
 
 
-_IPY_FRAME = re.compile(r"^\s*File (.+?\.py):(\d+), in ([\w.<>]+)", re.M)
+_IPY_FRAME = re.compile(r"^\s*(?:File (.+?\.py):\d+|Cell In\[\d+\], line \d+), in ([\w.<>]+)", re.M)
 _IPY_SKIPPED = re.compile(r"skipping similar frames: ([\w.<>]+) at line \d+ \((\d+) times\)")
 
 
 def text_frames(traceback_text: str) -> list[tuple[str, str]]:
     """(filename, function) of each frame of an IPython traceback's text, outermost first."""
-    return [(m.group(1), m.group(3)) for m in _IPY_FRAME.finditer(traceback_text)]
+    return [(m.group(1) or "<notebook cell>", m.group(2)) for m in _IPY_FRAME.finditer(traceback_text)]
 
 
 def text_recursion(traceback_text: str) -> tuple[str, int] | None:

@@ -132,6 +132,7 @@ class Progress:
             ])
         backup = _backup_name(path)
         os.replace(path, backup)
+        atomic_write_text(path, json.dumps({"schema_version": SCHEMA_VERSION, "modules": {}}, indent=2) + "\n")
         return cls(path, {}, [
             f"progress file {path} could not be read: {problem}. It was moved to {backup} and a new one "
             f"started. Your notebooks and exported code are untouched; run `tito module complete NN` "
