@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tito import notebooks as nbs
-from tito.course import Settings, find_stubs, load_modules
+from tito.course import Settings, all_prerequisites, find_stubs, load_modules
 from tito.progress import Progress, atomic_write_text
 from tito.student import find_leaks
 
@@ -103,12 +104,15 @@ def test_student_init_refuses_a_non_empty_folder(tmp_path):
 
 
 def test_student_init_force_replaces_only_after_a_complete_build(tmp_path):
-    (tmp_path / "old.txt").write_text("previous edition")
-    proc = tito(ROOT, "student", "init", str(tmp_path), "--force")
+    dest = tmp_path / "my edition é"  # the `cd` line must work when pasted: the path is quoted
+    dest.mkdir()
+    (dest / "old.txt").write_text("previous edition")
+    proc = tito(ROOT, "student", "init", str(dest), "--force")
     assert proc.returncode == 0, proc.output
     assert '.venv/bin/pip install -e ".[test]"' in proc.output, "the next: lines name the one install command"
-    assert not (tmp_path / "old.txt").exists() and (tmp_path / "modules" / "01_tensor" / ".release.ipynb").exists()
-    assert not list(tmp_path.parent.glob(f".{tmp_path.name}.partial"))
+    assert f"cd {shlex.quote(str(dest))}\n" in proc.output, proc.output
+    assert not (dest / "old.txt").exists() and (dest / "modules" / "01_tensor" / ".release.ipynb").exists()
+    assert not list(dest.parent.glob(f".{dest.name}.partial"))
 
 
 def test_student_init_refused_inside_a_student_edition(edition, tmp_path):
@@ -168,11 +172,56 @@ def test_module_reset_backs_up_and_restores(edition):
     assert nb_path.read_text() == (nb_path.parent / ".release.ipynb").read_text()
     backups = list((edition / ".tito" / "backups").glob("01_tensor-*.ipynb"))
     assert len(backups) == 1 and "my notes" in backups[0].read_text()
+    assert "tito module restore 01" in proc.output, "reset says how to bring the notebook back"
+
+    proc = tito(edition, "module", "restore", "01", "--yes")  # the latest backup by default
+    assert proc.returncode == 0, proc.output
+    assert "my notes" in nb_path.read_text(), "restore brings back the backed-up notebook"
+    new = sorted(set((edition / ".tito" / "backups").glob("01_tensor-*.ipynb")) - set(backups))
+    assert len(new) == 1 and "my notes" not in new[0].read_text(), "the notebook it replaced is backed up"
+    assert str(new[0]) in proc.output, proc.output
+
+    proc = tito(edition, "module", "restore", "01", new[0].name, "--yes")  # a named backup
+    assert proc.returncode == 0, proc.output
+    assert "my notes" not in nb_path.read_text()
+    proc = tito(edition, "module", "restore", "01", "01_tensor-nope.ipynb", "--yes")
+    assert proc.returncode == 2 and "not found" in proc.output and new[0].name in proc.output, proc.output
+    proc = tito(edition, "module", "restore", "02", "--yes")
+    assert proc.returncode == 2 and "no backup of module 02" in proc.output, proc.output
 
 
 def test_reset_refused_in_the_instructor_edition():
     proc = tito(ROOT, "module", "reset", "01", "--yes")
     assert proc.returncode == 2 and "instructor edition" in proc.output
+
+
+def test_complete_refuses_a_module_whose_prerequisites_are_incomplete(edition):
+    use_reference(edition, "13_transformers")
+    write_progress(edition, {n: {"completed": "2024-01-01T00:00:00"} for n in ("01", "02", "03", "04", "06", "11")})
+    proc = tito(edition, "module", "complete", "13")
+    assert proc.returncode == 2, proc.output
+    assert "needs 12 (" in proc.output and "`tito module complete 12`" in proc.output and "--force" in proc.output
+    assert "completed" not in json.loads((edition / ".tito" / "progress.json").read_text())["modules"].get("13", {})
+    assert "milestone ready" not in proc.output
+
+
+def test_concurrent_completions_in_two_terminals_are_both_recorded(edition):
+    use_reference(edition, "01_tensor")
+    assert tito(edition, "export", "01").returncode == 0
+    write_progress(edition, {"01": {"completed": "2024-01-01T00:00:00"}})
+    for slug in ("02_activations", "05_dataloader"):
+        use_reference(edition, slug)
+    env = dict(os.environ, PYTHONPATH=str(edition), MPLBACKEND="Agg", COLUMNS="200")
+    env.pop("TITO_STATE_DIR", None)
+    env.pop("TITO_ROOT", None)
+    procs = [subprocess.Popen([sys.executable, "-m", "tito.main", "module", "complete", n], cwd=edition, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+             for n in ("02", "05")]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
+    recorded = json.loads((edition / ".tito" / "progress.json").read_text())["modules"]
+    kept = {n for n, e in recorded.items() if e.get("completed")}
+    assert kept == {"01", "02", "05"}, f"completed in the progress file: {sorted(kept)}; expected 01, 02 and 05"
 
 
 # ----------------------------------------------------------------- bad input
@@ -263,6 +312,11 @@ def test_student_loop_for_later_modules(edition, module):
     assert "not implemented yet:" in proc.output and "Traceback" not in proc.output
 
     use_reference(edition, module.slug)
+    first = min(module.prerequisites)
+    proc = tito(edition, "module", "complete", module.number)  # exported is not completed
+    assert proc.returncode == 2, proc.output
+    assert f"needs {first} (" in proc.output and f"tito module complete {first}" in proc.output, proc.output
+    write_progress(edition, {n: {"completed": "2024-01-01T00:00:00"} for n in all_prerequisites(ROOT, module)})
     proc = tito(edition, "module", "complete", module.number)
     assert proc.returncode == 0, proc.output
     assert f"module {module.number} ({module.title}) completed" in proc.output

@@ -30,10 +30,8 @@ class Ctx:
     def progress(self) -> Progress:
         if self._progress is None:
             self._progress = Progress.load(self.settings.state_dir)
-            for w in self._progress.warnings:
+            for w in self._progress.warnings:  # the repair is already written (under the file's lock)
                 err.print(f"[bold yellow]warning:[/] {escape(w)}")
-            if self._progress.warnings:
-                self._progress.save()
         return self._progress
 
     @property

@@ -182,6 +182,9 @@ class Run:
         os.close(fd)
         try:
             fig.savefig(tmp, dpi=110, format=(out.suffix[1:] or "png"))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600: the plot gets a new file's usual mode
             os.replace(tmp, out)
         except BaseException:
             if os.path.exists(tmp):

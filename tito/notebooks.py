@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nbformat
 
+from . import failures
 from .course import CODE_STUB, CourseError, edition_env
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -38,12 +39,7 @@ def __tito_not_implemented(shell, etype, evalue, tb, tb_offset=None):
     frame_tb = tb
     while frame_tb.tb_next is not None:
         frame_tb = frame_tb.tb_next
-    frame, code = frame_tb.tb_frame, frame_tb.tb_frame.f_code
-    name = getattr(code, "co_qualname", None)  # Python 3.11+; on 3.10 rebuilt from `self`
-    if name is None:
-        owner = frame.f_locals.get("self")
-        name = f"{{type(owner).__qualname__}}.{{code.co_name}}" if owner is not None else code.co_name
-    print({NOT_IMPLEMENTED_MARK!r} + name, flush=True)
+    print({NOT_IMPLEMENTED_MARK!r} + frame_tb.tb_frame.f_code.co_qualname, flush=True)
     shell.showtraceback((etype, evalue, tb), tb_offset=tb_offset)
 get_ipython().set_custom_exc((NotImplementedError,), __tito_not_implemented)
 import matplotlib
@@ -214,6 +210,7 @@ class CellResult:
     function: str = ""  # qualified name when a stub raised NotImplementedError
     line: int | None = None
     seconds: float = 0.0
+    traceback: str = ""  # the error's traceback text (ANSI colours removed)
 
     @property
     def ok(self) -> bool:
@@ -226,10 +223,13 @@ class CellResult:
             return self.evalue or "not run"
         if self.ename == "SyntaxError" or self.ename == "IndentationError":
             return f"{self.ename} on line {self.line}: {self.evalue}" if self.line else f"{self.ename}: {self.evalue}"
+        if self.ename == "RecursionError":
+            rec = failures.text_recursion(self.traceback)
+            return f"RecursionError: {failures.recursion_note(*rec) if rec else failures.recursion_note(None)}"
         if self.ename == "AssertionError":
-            return self.evalue or "an assertion failed (no message)"
-        text = f"{self.ename}: {self.evalue}" if self.evalue else self.ename
-        return text
+            lines = failures.message_lines(self.evalue)
+            return "; ".join(lines) if lines else "an assertion failed (no message)"
+        return failures.describe(self.ename, self.evalue) if self.evalue else self.ename
 
 
 @dataclass
@@ -273,6 +273,7 @@ def _result_for(i: int, cell, label: str) -> CellResult:
         if out.get("output_type") == "error":
             res.ename, res.evalue = out.get("ename", ""), out.get("evalue", "")
             tb = ANSI_RE.sub("", "\n".join(out.get("traceback", [])))
+            res.traceback = tb
             lines = re.findall(r"line (\d+)", tb)
             res.line = int(lines[-1]) if lines else None
             if res.ename in ("SyntaxError", "IndentationError"):

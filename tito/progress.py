@@ -3,6 +3,12 @@
 Stored as JSON in the edition's state folder (`.tito/progress.json`, ignored by git). The file has
 a schema version, is written atomically (temporary file + `os.replace`), and a corrupt or unknown
 file is reported and moved aside, never silently reset.
+
+Two `tito` commands may run at once (two terminals: `tito module complete 03` while
+`tito module complete 04` runs). Each change (started, completed, incomplete, checkpoint) is kept
+as an operation; `save()` takes a file lock (`filelock`: Linux, macOS and Windows), reads the file
+as it is now, applies this command's operations to it and writes it atomically, so a completion
+recorded by another command in the meantime is kept, never overwritten.
 """
 from __future__ import annotations
 
@@ -11,11 +17,19 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock, Timeout
+
+from .course import CourseError
 
 SCHEMA_VERSION = 1
 FILE_NAME = "progress.json"
+LOCK_NAME = ".progress.json.lock"
+LOCK_TIMEOUT = 60  # seconds; a save takes milliseconds, so only a hung process holds the lock this long
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -74,10 +88,17 @@ class Progress:
     path: Path
     modules: dict[str, dict] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    _ops: list = field(default_factory=list, repr=False)
 
     @classmethod
     def load(cls, state_dir: Path) -> "Progress":
+        """The progress file as it is now (read under the lock, so never while another command writes)."""
         path = state_dir / FILE_NAME
+        with _lock(path):
+            return cls._read(path)
+
+    @classmethod
+    def _read(cls, path: Path) -> "Progress":
         if not path.exists():
             return cls(path)
         problem = None
@@ -101,6 +122,8 @@ class Progress:
                 return cls(path, modules)
             backup = _backup_name(path)
             shutil.copy2(path, backup)
+            atomic_write_text(path, json.dumps({"schema_version": SCHEMA_VERSION,
+                                                "modules": dict(sorted(modules.items()))}, indent=2) + "\n")
             return cls(path, modules, [
                 f"progress file {path}: ignored {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} of the wrong shape "
                 f"({'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}). The original is kept as {backup}; a module "
@@ -109,6 +132,7 @@ class Progress:
             ])
         backup = _backup_name(path)
         os.replace(path, backup)
+        atomic_write_text(path, json.dumps({"schema_version": SCHEMA_VERSION, "modules": {}}, indent=2) + "\n")
         return cls(path, {}, [
             f"progress file {path} could not be read: {problem}. It was moved to {backup} and a new one "
             f"started. Your notebooks and exported code are untouched; run `tito module complete NN` "
@@ -116,11 +140,25 @@ class Progress:
         ])
 
     def save(self) -> None:
-        data = {"schema_version": SCHEMA_VERSION, "modules": dict(sorted(self.modules.items()))}
-        atomic_write_text(self.path, json.dumps(data, indent=2) + "\n")
+        """Record this command's changes: under the lock, re-read the file, apply them, write atomically."""
+        with _lock(self.path):
+            current = self._read(self.path)
+            self.warnings.extend(w for w in current.warnings if w not in self.warnings)
+            for op in self._ops:
+                op(current.modules)
+            self._ops.clear()
+            self.modules = current.modules
+            data = {"schema_version": SCHEMA_VERSION, "modules": dict(sorted(self.modules.items()))}
+            atomic_write_text(self.path, json.dumps(data, indent=2) + "\n")
+
+    def _change(self, op: Callable[[dict], None]) -> None:
+        """Apply `op` to the modules table now and again, on the file's current table, at `save()`."""
+        op(self.modules)
+        self._ops.append(op)
 
     def entry(self, number: str) -> dict:
-        return self.modules.setdefault(number, {})
+        """A read-only view of one module's entry (change it with the `mark_*` methods)."""
+        return dict(self.modules.get(number, {}))
 
     def is_completed(self, number: str) -> bool:
         return bool(self.modules.get(number, {}).get("completed"))
@@ -129,14 +167,40 @@ class Progress:
         return bool(self.modules.get(number, {}).get("started"))
 
     def mark_started(self, number: str) -> None:
-        self.entry(number).setdefault("started", _now())
+        now = _now()
+        self._change(lambda modules: modules.setdefault(number, {}).setdefault("started", now))
 
     def mark_completed(self, number: str, score: float | None = None, max_score: float | None = None) -> None:
-        e = self.entry(number)
-        e.setdefault("started", _now())
-        e["completed"] = _now()
-        if score is not None:
-            e["score"], e["max_score"] = score, max_score
+        now = _now()
+
+        def op(modules):
+            e = modules.setdefault(number, {})
+            e.setdefault("started", now)
+            e["completed"] = now
+            if score is not None:
+                e["score"], e["max_score"] = score, max_score
+        self._change(op)
 
     def mark_incomplete(self, number: str) -> None:
-        self.entry(number).pop("completed", None)
+        self._change(lambda modules: modules.get(number, {}).pop("completed", None))
+
+    def mark_checkpoint(self, number: str) -> None:
+        now = _now()
+        self._change(lambda modules: modules.setdefault(number, {}).__setitem__("checkpoint", now))
+
+
+@contextmanager
+def _lock(path: Path):
+    """Hold the lock every reader and writer of `path` takes (a file of its own beside it: `os.replace`
+    swaps `path` itself). Waits for another `tito` command's save; one that holds it for a minute is hung."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path.with_name(LOCK_NAME), timeout=LOCK_TIMEOUT)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise CourseError(f"the progress file {path} has been locked by another tito command for {LOCK_TIMEOUT} s; "
+                          f"wait for it to finish (or stop it) and run this command again") from None
+    try:
+        yield
+    finally:
+        lock.release()

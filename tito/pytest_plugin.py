@@ -5,13 +5,14 @@ Tests are marked `@pytest.mark.exercise("1.4", "Tensor.matmul")` (and files with
 
 - a test that fails because a stub raised `NotImplementedError` is reported in one line,
   `Exercise 1.4 (Tensor.matmul): not implemented yet: Tensor.matmul`, not as a traceback wall;
-- every other failure gets a first line naming the exercise and function;
+- every other failure gets a first line naming the exercise and function, with the test's own
+  message first (see `tito.failures`), a recursion named as one, and a failure inside another
+  module's code attributed to that module ("the failure is inside module 12's ...");
 - `--exercise 1.4` runs only that exercise's tests; `--tito-report FILE` writes a JSON summary
   that `tito test` reads.
 """
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import re
@@ -20,15 +21,7 @@ from pathlib import Path
 
 import pytest
 
-try:  # Python 3.11+; on 3.10 hypothesis brings the `exceptiongroup` backport
-    _GROUPS: tuple[type, ...] = (builtins.BaseExceptionGroup,)
-except AttributeError:
-    try:
-        from exceptiongroup import BaseExceptionGroup as _BackportGroup
-
-        _GROUPS = (_BackportGroup,)
-    except ImportError:
-        _GROUPS = ()
+from tito import failures
 
 
 def pytest_addoption(parser):
@@ -61,72 +54,99 @@ def _exercise(item) -> tuple[str, str]:
 
 
 def qualname(frame) -> str:
-    """`Class.method` of a frame: `co_qualname` on Python 3.11+, rebuilt from `self`/`cls` on 3.10."""
-    code = frame.f_code
-    if hasattr(code, "co_qualname"):
-        return code.co_qualname
-    owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
-    if owner is not None:
-        cls = owner if isinstance(owner, type) else type(owner)
-        for klass in cls.__mro__:  # the class that defines the method, not a subclass
-            if getattr(klass.__dict__.get(code.co_name), "__code__", None) is code:
-                return f"{klass.__qualname__}.{code.co_name}"
-        return f"{cls.__qualname__}.{code.co_name}"
-    return code.co_name
+    """`Class.method` of a frame (its code's `co_qualname`)."""
+    return frame.f_code.co_qualname
 
 
-def _not_implemented_function(excinfo) -> str | None:
-    """Qualified name of the function whose stub raised NotImplementedError, if that is the failure."""
-    exc = excinfo.value
+def _not_implemented(exc: BaseException):
+    """The NotImplementedError behind a failure (through causes, contexts and groups), or None."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, NotImplementedError):
-            tb = exc.__traceback__
-            if tb is None:
-                return "(unknown function)"
-            while tb.tb_next is not None:
-                tb = tb.tb_next
-            return qualname(tb.tb_frame)
-        if _GROUPS and isinstance(exc, _GROUPS) and exc.exceptions:
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
         else:
             exc = exc.__cause__ or exc.__context__
     return None
 
 
+def _not_implemented_function(excinfo) -> str | None:
+    """Qualified name of the function whose stub raised NotImplementedError, if that is the failure."""
+    exc = _not_implemented(excinfo.value)
+    if exc is None:
+        return None
+    tb = exc.__traceback__
+    if tb is None:
+        return "(unknown function)"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return qualname(tb.tb_frame)
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
-    if _GROUPS and isinstance(exc, _GROUPS):
+    if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in _leaves(e)]
     return [exc]
-
-
-def _one_line(text: str, limit: int) -> str:
-    text = re.sub(r"\s+", " ", text).strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def summarize(exc: BaseException, limit: int = 500) -> str:
     """The failure in one line a student can act on.
 
-    numpy.testing puts its message on the lines after an empty first one, so the first few
-    non-empty lines are kept, not the first line. A hypothesis failure (one, or a group of
-    "distinct failures") shows the first failure and the example that made it fail.
+    The test's own message comes first (numpy.testing puts it after a boilerplate line), then the
+    numbers; a RecursionError names the function that called itself. A hypothesis failure (one, or
+    a group of "distinct failures") shows the first failure and the example that made it fail.
     """
     leaves = _leaves(exc)
     first = leaves[0]
     name = type(first).__name__
-    lines = [ln.strip() for ln in str(first).splitlines() if ln.strip()]
-    text = f"{name}: " + "; ".join(lines[:6]) if lines else f"{name} (no message)"
-    if len(lines) > 6:
-        text += "; ..."
+    if isinstance(first, RecursionError):
+        rec = failures.repeated_frame(first.__traceback__)
+        where = failures.package_path(rec[1]) if rec else None
+        text = f"{name}: " + failures.recursion_note(rec[0] if rec else None, rec[2] if rec else None, where or "")
+    else:
+        message = str(first)
+        if isinstance(first, AssertionError):  # drop pytest's "assert 24.7 <= 3" after the test's own words
+            lines = message.splitlines()
+            cut = next((i for i, ln in enumerate(lines) if i and ln.startswith("assert ")), None)
+            message = "\n".join(lines[:cut]) if cut is not None and any(ln.strip() for ln in lines[:cut]) else message
+        text = failures.describe(name, message)
     if len(leaves) > 1:
         text = f"{len(leaves)} different failures; the first: {text}"
     notes = [n for n in getattr(first, "__notes__", []) or [] if isinstance(n, str)]
     example = [n for n in notes if n.startswith(("Falsifying example", "Failing test case", "Draw "))]
     if example:
-        return _one_line(text, limit * 3 // 5) + " | " + _one_line(" ".join(example), limit * 2 // 5)
-    return _one_line(text, limit)
+        return failures.one_line(text, limit * 3 // 5) + " | " + failures.one_line(" ".join(example), limit * 2 // 5)
+    return failures.one_line(text, limit)
+
+
+_MODULES: dict = {}
+
+
+def _course_modules(item):
+    """The course modules of the edition the test file belongs to ([] outside a course)."""
+    from tito.course import CourseError, find_root, load_modules
+
+    start = Path(str(item.path)).parent
+    if start not in _MODULES:
+        try:
+            root = find_root(start)
+            _MODULES[start] = (root, load_modules(root))
+        except (CourseError, OSError):
+            _MODULES[start] = (None, [])
+    return _MODULES[start]
+
+
+def _chain(item, exc: BaseException) -> list:
+    """The other modules the failure went through, deepest first (see `tito.failures.module_chain`);
+    the test's own module is its `module` mark."""
+    marker = item.get_closest_marker("module")
+    own = str(marker.args[0]).zfill(2) if marker and marker.args else None
+    root, modules = _course_modules(item)
+    if not modules:
+        return []
+    return failures.module_chain(failures.traceback_frames(exc.__traceback__), modules, own, root)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -140,10 +160,17 @@ def pytest_runtest_makereport(item, call):
     header = f"Exercise {number} ({function})" if number else item.nodeid
     missing = _not_implemented_function(call.excinfo)
     if missing:
+        chain = _chain(item, _not_implemented(call.excinfo.value))
         rep.tito_reason = f"not implemented yet: {missing}"
+        if chain:
+            rep.tito_reason += f" (module {chain[0][0]}, {chain[0][2]})"
         rep.longrepr = f"{header}: {rep.tito_reason}"
     else:
         rep.tito_reason = summarize(call.excinfo.value)
+        chain = _chain(item, _leaves(call.excinfo.value)[0])
+        if chain:
+            where = "the failure is inside " + ", called from ".join(f"module {n}'s {fn} ({rel})" for n, fn, rel in chain[:3])
+            rep.tito_reason = f"{where}: {rep.tito_reason}"
         if number:
             rep.sections.insert(0, ("what to fix", f"{header}: {rep.tito_reason}"))
 
@@ -162,7 +189,10 @@ class _Collector:
         if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
             reason = str(report.longrepr[2]).removeprefix("Skipped: ")
             m = re.match(r"could not import '([\w.]+)'", reason)
-            reason = f"needs {m.group(1)}, not installed" if m else reason
+            if m and m.group(1) == "torch":  # the reference every op is compared with: an extra of the course
+                reason = 'needs torch, not installed: pip install -e ".[reference]"'
+            else:
+                reason = f"needs {m.group(1)}, not installed" if m else reason
         self.results[report.nodeid] = {
             "nodeid": report.nodeid,
             "outcome": report.outcome,
@@ -206,8 +236,8 @@ def pytest_terminal_summary(terminalreporter):
     for rep in terminalreporter.stats.get("failed", []):
         reason = getattr(rep, "tito_reason", "")
         if reason.startswith("not implemented yet"):
-            missing.setdefault(reason.split(": ", 1)[1], 0)
-            missing[reason.split(": ", 1)[1]] += 1
+            fn = reason.split(": ", 1)[1]
+            missing[fn] = missing.get(fn, 0) + 1
     if missing:
         terminalreporter.section("not implemented yet")
         for fn, n in sorted(missing.items()):

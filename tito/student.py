@@ -222,8 +222,9 @@ tito doctor
 | `tito module status` | your state in each module and what to run now |
 | `tito module start 01` | checks prerequisites and opens the notebook in JupyterLab (`--no-lab` to skip) |
 | `tito test 01` | exports your notebook (only if it compiles and imports), runs its graded tests cell by cell, then the package tests on your export; `-e 1.4` runs one exercise's package tests, `-v` shows whole failures |
-| `tito module complete 01` | the same, and records the module as completed when everything passes |
+| `tito module complete 01` | checks that its prerequisites are completed, then the same, and records the module as completed when everything passes |
 | `tito module reset 01` | backs up your notebook to `.tito/backups/` and restores the starting version |
+| `tito module restore 01` | brings back your latest backup (or a named one: `tito module restore 01 FILE`), backing up the current notebook first |
 | `tito checkpoint 01` | everything up to module 01, used together |
 | `tito milestone list` | historic models you can run with your own package |
 

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tito import integrity
+from tito import failures, integrity
 from tito import notebooks as nbs
 from tito.context import Ctx
 from tito.course import CourseError, Module
@@ -97,16 +96,27 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
         return data
 
 
-def print_notebook_report(report: nbs.Report) -> None:
+def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None) -> str:
+    """Why a cell failed, prefixed with the earlier module whose exported code raised, if another one did."""
+    frames = failures.text_frames(c.traceback)
+    chain = failures.module_chain(frames, modules, own) if modules else []
+    if not chain:
+        return c.reason()
+    if c.status == "not_implemented":
+        return f"{c.reason()} (module {chain[0][0]}, {chain[0][2]})"
+    return f"{failures.where_it_failed(frames, modules, own)}: {c.reason()}"
+
+
+def print_notebook_report(report: nbs.Report, modules=(), own: str | None = None) -> None:
     table = Table(title=f"notebook tests: {report.notebook.name}")
     for col in ("test", "points", "result"):
         table.add_column(col)
     for c in report.tests:
-        mark = "[green]passed[/]" if c.ok else f"[red]{escape(c.reason())}[/]"
+        mark = "[green]passed[/]" if c.ok else f"[red]{escape(cell_reason(c, modules, own))}[/]"
         table.add_row(escape(c.label), f"{c.points if c.ok else 0:g}/{c.points:g}", mark)
     console.print(table)
     for c in report.errors:
-        console.print(f"[red]{escape(c.label)} raised[/] {escape(c.reason())}")
+        console.print(f"[red]{escape(c.label)} raised[/] {escape(cell_reason(c, modules, own))}")
     if report.fatal:
         console.print(f"[red]{escape(report.fatal)}[/]")
 
@@ -193,8 +203,8 @@ class CellProgress:
     """One line per graded cell, failure and slow cell while the notebook runs; in a terminal, a
     spinner names the cell that is running and its time limit."""
 
-    def __init__(self, timeout: float):
-        self.timeout, self.status = timeout, None
+    def __init__(self, timeout: float, modules=(), own: str | None = None):
+        self.timeout, self.status, self.modules, self.own = timeout, None, modules, own
 
     def __call__(self, event, item, pos, total):
         if event == "start":
@@ -212,7 +222,7 @@ class CellProgress:
         mark = "[green]ok  [/]" if res.ok else "[red]FAIL[/]"
         line = f"  \\[{pos:>2}/{total}] {mark} {res.seconds:5.1f} s  {escape(res.label)}"
         if not res.ok:
-            line += f": {escape(res.reason()[:160])}"
+            line += f": {escape(cell_reason(res, self.modules, self.own)[:240])}"
         console.print(line)
 
     def close(self):
@@ -242,7 +252,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
     timeout = student_cell_timeout(ctx)
     console.print(f"[bold]Module {m.number} ({m.title})[/]: running the notebook's graded tests "
                   f"(at most {timeout:g} s per cell)...")
-    progress = CellProgress(timeout)
+    progress = CellProgress(timeout, ctx.modules, m.number)
     try:
         report = nbs.execute(m.notebook, cwd=m.folder, pythonpath=ctx.root, timeout=timeout, source=nb,
                              on_cell=progress)
@@ -252,7 +262,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
         console.print(f"[bold red]stopped:[/] {escape(report.timed_out.label)} did not finish within {timeout:g} s "
                       "(the per-cell limit, \\[execution] student_cell_timeout in settings.ini); the cells after it "
                       "were not run")
-    print_notebook_report(report)
+    print_notebook_report(report, ctx.modules, m.number)
     pytest_ok = True
     if not suite.exists():
         console.print(f"[yellow]no package tests at {suite.relative_to(ctx.root)}[/]")
@@ -314,7 +324,7 @@ def checkpoint(ref: str = typer.Argument(..., help="module number: checks every 
     console.print(table)
     ok = tests and not failed and data.get("exitstatus") == 0
     if ok:
-        ctx.progress.entry(m.number)["checkpoint"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        ctx.progress.mark_checkpoint(m.number)
         ctx.progress.save()
         console.print(f"[bold green]checkpoint {m.number} passed[/]")
     else:

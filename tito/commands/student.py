@@ -1,6 +1,7 @@
 """`tito student`: write a student edition."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -22,7 +23,7 @@ def student_init(dest: Path = typer.Argument(..., help="folder to create the stu
     out = init(ctx.root, dest, force=force, log=lambda s: console.print(f"  {s}"))
     console.print(f"[bold green]student edition written to {out}[/]")
     console.print("next:\n"
-                  f"  cd {out}\n"
+                  f"  cd {shlex.quote(str(out))}\n"
                   f"  python3 -m venv .venv && .venv/bin/{INSTALL_COMMAND}\n"
                   "  .venv/bin/tito doctor\n"
                   "  .venv/bin/tito module start 01", markup=False)
