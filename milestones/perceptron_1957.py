@@ -19,6 +19,8 @@ YEAR = 1957
 TITLE = "Rosenblatt's perceptron learns a linearly separable set"
 NEEDS = ["01", "02", "03"]
 TARGET = "100% training accuracy within 50 epochs on a linearly separable set"
+# what the harness checks (TARGET says it in words for people)
+GOAL = {"reach": [("training accuracy", ">=", 1.0)], "max_epochs": 50}
 
 import sys
 import time

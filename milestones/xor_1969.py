@@ -20,6 +20,8 @@ YEAR = 1969
 TITLE = "XOR: a single layer fails, a hidden layer trained with backprop succeeds"
 NEEDS = ["01", "02", "03", "04", "05", "06", "07", "08"]
 TARGET = "a two-layer MLP reaches 100% accuracy on XOR, where a single layer stays at or below 75%"
+# what the harness checks (TARGET says it in words for people)
+GOAL = {"reach": [("two-layer MLP accuracy", ">=", 1.0), ("single-layer accuracy", "<=", 0.75)]}
 
 import sys
 import time

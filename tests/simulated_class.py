@@ -126,6 +126,51 @@ def exits(release, source):
     return _insert_after_first_test(correct(release, source), "import os\nos._exit(3)")
 
 
+def warns(release, source):
+    """Correct, and every later cell writes a warning to stderr (nbgrader alone would fail those cells)."""
+    return _insert_after_first_test(correct(release, source), (
+        "import warnings\nwarnings.simplefilter('always')\n"
+        "get_ipython().events.register('pre_run_cell', lambda info: warnings.warn('this may be slow'))"))
+
+
+def source_hook(release, source):
+    """Correct, and a hook prints the source of every later cell (the hidden tests included) as it runs."""
+    return _insert_after_first_test(correct(release, source), (
+        "get_ipython().events.register('pre_run_cell', lambda info: print('SOURCE:', info.raw_cell))"))
+
+
+def hidden_marker(release, source):
+    """Correct; a solution cell merely contains the hidden-test marker's text in a comment."""
+    nb = correct(release, source)
+    nb.cells[_sol_cells(nb)[0]].source += "\n# note to self: " + nbs.BEGIN_HIDDEN + " is how the tests hide"
+    return nb
+
+
+def big_print(release, source):
+    return _insert_after_first_test(correct(release, source), "print('x' * 5_000_000)")
+
+
+def visible_failure(release, source):
+    """The first solution returns None right away: a visible assert of the first test fails."""
+    nb = correct(release, source)
+    cell = nb.cells[_sol_cells(nb)[0]]
+    lines = cell.source.splitlines()
+    i = next(k for k, ln in enumerate(lines) if nbs.BEGIN_SOLUTION in ln)
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines.insert(i + 1, indent + "return None")
+    cell.source = "\n".join(lines)
+    return nb
+
+
+def fork_bomb(release, source):
+    """Starts processes until the operating system refuses (bounded: it stops at the first refusal)."""
+    return _insert_after_first_test(correct(release, source), (
+        "import subprocess\nprocs = []\ntry:\n    for _ in range(5000):\n"
+        "        procs.append(subprocess.Popen(['sleep', '30']))\n"
+        "except OSError as e:\n    print(f'refused after {len(procs)} processes: {type(e).__name__}')\n"
+        "for p in procs:\n    p.kill()\n    p.wait()"))
+
+
 KINDS: dict[str, tuple[Callable, Expect]] = {
     "correct": (correct, Expect("graded", "max")),
     "stub": (stub, Expect("graded", "zero")),
@@ -137,11 +182,18 @@ KINDS: dict[str, tuple[Callable, Expect]] = {
     "gradeid": (changed_grade_id, Expect("needs review", "max", "metadata changed")),
     "points": (changed_points, Expect("needs review", "max", "metadata changed")),
     "solmeta": (solution_metadata, Expect("needs review", "max", "graded from its code")),
-    "loop": (infinite_loop, Expect("timed out", "max", "stopped after")),
-    "stubborn": (stubborn_loop, Expect("timed out", "first", "ran past its limit")),
+    # a cell past its limit stops the run, as in `tito test`: the later cells are not run
+    "loop": (infinite_loop, Expect("timed out", "first", "the run stopped there")),
+    "stubborn": (stubborn_loop, Expect("timed out", "first", "the run stopped there")),
     "bigalloc": (big_allocation, Expect("graded", "max", "MemoryError")),
     "exits": (exits, Expect("kernel died", "first", "kernel died")),
     "truncated": (None, Expect("failed", "zero", "cannot be read")),
+    "warns": (warns, Expect("graded", "max", "this may be slow")),
+    "hook": (source_hook, Expect("graded", "max", "SOURCE:")),
+    "marker": (hidden_marker, Expect("graded", "max")),
+    "bigprint": (big_print, Expect("graded", "max", "characters of output were cut")),
+    "visible": (visible_failure, Expect("graded", "partial-or-zero", "AssertionError")),
+    "forkbomb": (fork_bomb, Expect("graded", "max", "refused after")),
 }
 
 

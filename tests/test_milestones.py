@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,9 +84,14 @@ def test_xor_and_mlp_are_discovered():
     assert [m.name for m in ms.discover(ROOT)][:3] == ["perceptron", "xor", "mlp"], "listed by year"
 
 
-def test_every_target_states_its_thresholds_once():
-    """The harness checks the numbers written in TARGET, so no script restates them as constants."""
-    targets = {m.name: harness.Target.parse(m.target) for m in ms.discover(ROOT)}
+def test_every_goal_is_structured_and_agrees_with_its_target():
+    """The harness checks GOAL's fields (never TARGET's words); the words say the same thing."""
+    for m in ms.discover(ROOT):
+        assert m.goal, f"{m.script.name} has no GOAL"
+        structured, words = harness.Target.from_goal(m.target, m.goal), harness.Target.parse(m.target)
+        assert structured.conditions == words.conditions and structured.compares == words.compares, (m.name, m.goal)
+        assert structured.max_epochs == words.max_epochs and structured.max_seconds == words.max_seconds, m.name
+    targets = {m.name: harness.Target.from_goal(m.target, m.goal) for m in ms.discover(ROOT)}
     p, x, mlp = targets["perceptron"], targets["xor"], targets["mlp"]
     assert [(c.op, c.threshold) for c in p.conditions] == [(">=", 1.0)] and p.max_epochs == 50, p
     assert [(c.op, c.threshold) for c in x.conditions] == [(">=", 1.0), ("<=", 0.75)] and x.max_epochs is None, x
@@ -111,11 +117,27 @@ def test_target_parse(text, expected):
 def test_target_without_percentage_is_refused():
     with pytest.raises(CourseError, match="states no percentage"):
         harness.Target.parse("learns something")
+    with pytest.raises(CourseError, match="states no threshold"):
+        harness.Target.from_goal("learns something", {"max_epochs": 5})
+    with pytest.raises(CourseError, match="reach entry"):
+        harness.Target.from_goal("x", {"reach": [("accuracy", ">", 95)]})
+    with pytest.raises(CourseError, match="unknown key"):
+        harness.Target.from_goal("x", {"target": 0.95})
+
+
+def goal_of(target: str) -> dict:
+    """A GOAL agreeing with the words of `target` (test scripts only; real scripts write GOAL themselves)."""
+    t = harness.Target.parse(target)
+    goal = {"reach": [(f"value {i}", c.op, c.threshold) for i, c in enumerate(t.conditions)]}
+    if t.max_epochs:
+        goal["max_epochs"] = t.max_epochs
+    return goal
 
 
 def make_run(tmp_path, target, argv=()):
     script = write_milestone(tmp_path / "milestones", "fake_2000.py",
-                             f'NAME = "fake"\nYEAR = 2000\nTITLE = "a fake"\nNEEDS = []\nTARGET = {target!r}\n')
+                             f'NAME = "fake"\nYEAR = 2000\nTITLE = "a fake"\nNEEDS = []\nTARGET = {target!r}\n'
+                             f'GOAL = {goal_of(target)!r}\n')
     (tmp_path / "modules").mkdir(exist_ok=True)
     (tmp_path / "settings.ini").write_text("[course]\n")
     return harness.start(str(script), epochs=7, quick_epochs=2, argv=list(argv), root=tmp_path)
@@ -481,7 +503,8 @@ TRANSFORMER = ROOT / "milestones" / "transformer_2017.py"
 
 
 def test_transformer_target_compares_with_a_measured_bigram_within_five_minutes():
-    t = harness.Target.parse(ms.get(ROOT, "transformer").target)
+    m = ms.get(ROOT, "transformer")
+    t = harness.Target.from_goal(m.target, m.goal)
     assert t.compares and t.conditions == () and t.max_seconds == 300.0, t
 
 
@@ -514,3 +537,71 @@ def test_harness_reports_comparisons_and_time(capsys):
     assert "target: in under 120 s; took 130.0 s: FAIL" in printed, printed
     with pytest.raises(ValueError, match="beats"):
         run.report(seconds=1.0)
+
+
+@pytest.mark.slow
+def test_run_all_runs_every_ready_milestone_and_ends_in_one_table():
+    """`python3 -m tito.bootstrap run`'s main job: every milestone whose modules are complete, each with its
+    target and result, then one summary table and the plots' paths."""
+    ready = [m for m in ms.discover(ROOT) if not ms.readiness(ROOT, m)]
+    proc = subprocess.run([sys.executable, "-m", "tito.milestones", "run-all", "--quick"], cwd=ROOT,
+                          env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    if not ready:
+        assert proc.returncode == 2, out
+        return
+    assert proc.returncode in (0, 1), out  # --quick may miss a target
+    table = out.split("\nyear  milestone", 1)
+    assert len(table) == 2, f"no summary table:\n{out}"
+    for m in ms.discover(ROOT):
+        status = r"(PASS|FAIL)" if m in ready else "skipped"
+        assert re.search(rf"{m.year}\s+{m.name}\s+{status}", table[1]), (m.name, table[1])
+        if m in ready:
+            assert m.target in table[1] and f"=== {m.year} {m.title}" in table[0], m.name
+    assert "plots:" in table[1] and f"milestones/outputs/{ready[0].script.stem}.png" in table[1], table[1]
+
+
+def test_summary_lists_skipped_milestones_with_what_they_wait_for(tmp_path):
+    m = ms.Milestone("fake", 2000, "a fake", ("01",), "at least 50% accuracy", tmp_path / "fake_2000.py",
+                     {"reach": [("accuracy", ">=", 0.5)]})
+    done = ms.Outcome(m, "PASS", ["accuracy reached 60%: PASS"], 1.5, [str(tmp_path / "fake.png")])
+    waiting = ms.Outcome(m, "skipped", why="needs 01 (Tensor.add)")
+    text = ms.summary([done, waiting], tmp_path)
+    assert "2000  fake       PASS" in text and "-> accuracy reached 60%: PASS" in text, text
+    assert "needs 01 (Tensor.add)" in text and "1 of 1 milestones run reached their target (1 skipped" in text, text
+    assert "plots:\n  fake.png" in text, text
+
+
+def test_a_missed_time_target_names_the_slowest_ops_of_a_profiled_step():
+    "issue 15: a milestone over its time limit prints where a step's time goes, slowest op first."
+    import time as _time
+
+    import numpy as np
+
+    from tinytorch.core import autograd
+    from tinytorch.core.activations import GELU
+    from tinytorch.core.layers import Linear, Sequential
+    from tito.harness import slowest_ops, slowest_ops_report
+
+    model = Sequential(Linear(16, 32, rng=0), GELU(), Linear(32, 4, rng=1))
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    real = autograd.BACKWARD_RULES["gelu"]
+
+    def slow_gelu_backward(grad, node):  # a rule that wastes 5 ms per call
+        _time.sleep(0.005)
+        return real(grad, node)
+
+    def step():
+        model.zero_grad()
+        model(x).sum().backward()
+
+    autograd.BACKWARD_RULES["gelu"] = slow_gelu_backward
+    try:
+        ranked = slowest_ops(step, repeats=2)
+        assert autograd.BACKWARD_RULES["gelu"] is slow_gelu_backward, "the profile must restore the rules it wrapped"
+    finally:
+        autograd.BACKWARD_RULES["gelu"] = real
+    assert ranked[0][0] == "gelu (backward)" and ranked[0][1] >= 0.004, (
+        f"the slowest op of the step should be the slow gelu backward rule; got {ranked[:3]}")
+    text = slowest_ops_report(ranked)
+    assert "gelu (backward)" in text.splitlines()[1] and "%" in text, text

@@ -46,9 +46,48 @@ def _error_output(ename: str, evalue: str):
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
+def _output_size(out) -> int:
+    if out.get("output_type") == "stream":
+        return len(out.get("text", ""))
+    if out.get("output_type") == "error":
+        return sum(len(t) for t in out.get("traceback", [])) + len(out.get("evalue", ""))
+    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in out.get("data", {}).values())
+
+
+def cap_outputs(cell, cell_limit: int, budget: int) -> int:
+    """Keep at most `cell_limit` characters of a cell's output (and at most `budget`, what the notebook has
+    left); a note in the output says what was cut. Returns the characters kept."""
+    import nbformat
+
+    limit = min(cell_limit, max(budget, 0))
+    kept, out, cut = 0, [], 0
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "error":  # the verdict: always kept, shortened when huge
+            o["traceback"] = [t[:2000] for t in o.get("traceback", [])[-20:]]
+            o["evalue"] = o.get("evalue", "")[:2000]
+        size = _output_size(o)
+        if kept + size <= limit or o.get("output_type") == "error":
+            out.append(o)
+            kept += size
+        elif o.get("output_type") == "stream" and kept < limit:
+            room = limit - kept
+            cut += size - room
+            o["text"] = o["text"][:room]
+            out.append(o)
+            kept = limit
+        else:
+            cut += size
+    if cut:
+        why = (f"{cell_limit:,} characters per cell" if limit == cell_limit
+               else "the notebook's output limit; later cells' output is not kept either")
+        out.append(nbformat.v4.new_output("stream", name="stdout", text=(
+            f"\n[autograder: {cut:,} characters of output were cut here: output is capped at {why}]\n")))
+        cell.outputs = out
+    return kept
+
+
 def run(job: dict) -> dict:
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
     start = time.monotonic()
@@ -76,6 +115,8 @@ def run(job: dict) -> dict:
                MALLOC_ARENA_MAX="2", NBGRADER_EXECUTION="autograde", JUPYTER_RUNTIME_DIR=str(home / "runtime"))
 
     status, reason = "ok", ""
+    cell_limit = int(job.get("output_limit", 100_000))
+    budget = [int(job.get("notebook_output_limit", 2_000_000))]
     executed: set[int] = set()
     stopped: set[int] = set()  # cells stopped at their time limit
 
@@ -87,15 +128,19 @@ def run(job: dict) -> dict:
             stopped.add(cell_index)
         if content.get("status") == "error" and not any(o.get("output_type") == "error" for o in cell.outputs):
             cell.outputs.append(_error_output(content.get("ename", "Error"), content.get("evalue", "")))
+        budget[0] -= cap_outputs(cell, cell_limit, budget[0])
 
-    client = NotebookClient(nb, timeout=int(cell_timeout), kernel_name="python3", allow_errors=True,
-                            interrupt_on_timeout=True, raise_on_iopub_timeout=False,
-                            error_on_timeout={"ename": "TimeoutError",
-                                              "evalue": "the cell ran past its time limit and was stopped",
-                                              "traceback": ["TimeoutError: the cell ran past its time limit"]},
-                            resources={"metadata": {"path": str(run_dir)}}, on_cell_executed=on_executed,
-                            extra_arguments=["--HistoryManager.hist_file=:memory:"],
-                            shutdown_kernel="immediate")  # the results are in hand: no graceful wait
+    from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell
+
+    # the executor and timeout policy of `tito test` (tito.notebooks), so both score a slow cell alike
+    client = client_class(TIMEOUT_POLICY)(
+        nb, timeout=int(cell_timeout), kernel_name="python3", allow_errors=True, raise_on_iopub_timeout=False,
+        error_on_timeout={"ename": "TimeoutError", "evalue": "the cell ran past its time limit and was stopped",
+                          "traceback": ["TimeoutError: the cell ran past its time limit"]},
+        resources={"metadata": {"path": str(run_dir)}}, on_cell_executed=on_executed,
+        extra_arguments=["--HistoryManager.hist_file=:memory:"],
+        shutdown_kernel="immediate")  # the results are in hand: no graceful wait
+    stopped_at = ""
     try:
         with client.setup_kernel(env=env, cwd=str(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
             for i, cell in enumerate(nb.cells):
@@ -107,14 +152,27 @@ def run(job: dict) -> dict:
                     status, reason = "timed out", f"the notebook ran past its limit of {job['deadline_s']:g} s{first}"
                     break
                 client.timeout = int(max(1, min(cell_timeout, remaining)))
-                client.execute_cell(cell, i)
+                try:
+                    client.execute_cell(cell, i)
+                except CellTimedOut:
+                    executed.add(i)
+                    label = exercise_label(cell) if is_test_cell(cell) else f"cell {i + 1}"
+                    limit = ("the notebook's limit" if client.timeout < cell_timeout
+                             else f"{client.timeout} s, the per-cell limit")
+                    cell.outputs.append(_error_output("TimeoutError", f"{label} did not finish within {limit}: "
+                                                                      "stopped; the cells after it were not run"))
+                    status, reason = "timed out", f"{label} (cell {i + 1}) did not finish within {limit}; " \
+                                                  "the run stopped there"
+                    stopped_at = label
+                    break
                 if i in stopped and not reason:
                     status, reason = "timed out", f"cell {i + 1} was stopped after {client.timeout} s"
     except DeadKernelError as e:
         status, reason = "kernel died", f"the kernel died ({e or 'it exited or ran out of memory'})"
     except Exception as e:  # the kernel could not start, or similar: reported, never hidden
         status, reason = "error", f"{type(e).__name__}: {e}"
-    why = {"ok": "not run", "timed out": "not run: the notebook ran out of time",
+    why = {"ok": "not run", "timed out": (f"not run: the run stopped at {stopped_at}, which did not finish; fix it first"
+                                          if stopped_at else "not run: the notebook ran out of time"),
            "kernel died": "not run: the kernel died before this cell", "error": f"not run: {reason}"}[status]
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and cell.source.strip() and i not in executed:

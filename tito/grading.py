@@ -45,18 +45,50 @@ from pathlib import Path
 from typing import Callable
 
 import nbformat
-from nbgrader.preprocessors import ClearHiddenTests
+from nbgrader.preprocessors import ClearHiddenTests, SaveAutoGrades
 
 from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
 from .integrity import restore_graded_cells
-from .notebooks import BEGIN_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
+from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
 from .progress import atomic_write_text
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-ENGINE_VERSION = "1"  # part of every fingerprint: bump to re-grade everything after an engine change
+ENGINE_VERSION = "2"  # part of every fingerprint: bump to re-grade everything after an engine change
 
 GRADED, REVIEW, FAILED, TIMED_OUT, KERNEL_DIED = "graded", "needs review", "failed", "timed out", "kernel died"
 ATTENTION = (REVIEW, FAILED, TIMED_OUT, KERNEL_DIED)
+
+
+# ------------------------------------------------------------------ one verdict
+
+
+def cell_passed(cell) -> bool:
+    """The verdict on a graded test cell, everywhere (gradebook, grading log, `tito test`): it passed when
+    it ran without an error output. Output on stderr (a warning) is not a failure (nbgrader's own rule
+    counts it as one)."""
+    return not any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+
+
+class TitoSaveAutoGrades(SaveAutoGrades):
+    """nbgrader's SaveAutoGrades with tito's verdict: stderr output does not cost a graded cell its points."""
+
+    def _add_score(self, cell, resources):
+        import copy as _copy
+
+        quiet = _copy.deepcopy(cell)
+        quiet.outputs = [o for o in cell.get("outputs", [])
+                         if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+        return super()._add_score(quiet, resources)
+
+
+def clear_hidden_tests(nb):
+    """The hidden-test regions removed from the graded test cells only: a solution may contain the marker's
+    text (in a comment or a string) without being mistaken for a test cell."""
+    pp = ClearHiddenTests(enforce_metadata=False)
+    for i, cell in enumerate(nb.cells):
+        if is_test_cell(cell) and BEGIN_HIDDEN in cell.get("source", ""):
+            pp.preprocess_cell(cell, {}, i)
+    return nb
 
 
 # ------------------------------------------------------------------ settings and nbgrader's config
@@ -69,9 +101,11 @@ class GradingSettings:
     cell_timeout: float
     memory_gb: float
     sandbox: str
-    user: str
+    max_processes: int
     feedback_hidden_tests: bool
     exchange: str
+    output_limit: int  # characters of output kept per cell ([grading] output_limit_kb)
+    notebook_output_limit: int  # and per notebook ([grading] notebook_output_limit_kb)
 
     @classmethod
     def load(cls, settings: Settings) -> "GradingSettings":
@@ -85,9 +119,14 @@ class GradingSettings:
                   cell_timeout=settings.number("execution", "cell_timeout", 300),
                   memory_gb=settings.number("grading", "memory_gb", 4),
                   sandbox=settings.get("grading", "sandbox", "auto").strip(),
-                  user=settings.get("grading", "user", "tinytorch-grader").strip(),
+                  max_processes=int(settings.number("grading", "max_processes", 256)),
                   feedback_hidden_tests=hidden == "true",
-                  exchange=settings.get("grading", "exchange", "").strip())
+                  exchange=settings.get("grading", "exchange", "").strip(),
+                  output_limit=int(settings.number("grading", "output_limit_kb", 100) * 1000),
+                  notebook_output_limit=int(settings.number("grading", "notebook_output_limit_kb", 2000) * 1000))
+        if out.max_processes < 8:
+            raise CourseError(f"settings.ini: [grading] max_processes = {out.max_processes} is too small: a kernel "
+                              "and its worker need about 8; 256 is the default")
         if out.notebook_timeout <= 0 or out.cell_timeout <= 0 or out.memory_gb < 0:
             raise CourseError("settings.ini: [grading] notebook_timeout, [execution] cell_timeout must be positive "
                               "and [grading] memory_gb may not be negative (0: no limit)")
@@ -121,6 +160,12 @@ def config_text(settings: Settings) -> str:
         f"c.CourseDirectory.db_url = {db_url(settings)!r}",
         f"c.ClearSolutions.code_stub = {{'python': {CODE_STUB!r}}}",
         f"c.Execute.timeout = {int(g.cell_timeout)}",
+        "# one verdict with tito: a graded cell that warns on stderr keeps its points (nbgrader's own rule fails it)",
+        "from nbconvert.preprocessors import ClearMetadataPreprocessor",
+        "from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern, LimitOutput",
+        "from tito.grading import TitoSaveAutoGrades",
+        "c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,",
+        "                                       TitoSaveAutoGrades, AssignLatePenalties, CheckCellMetadata]",
     ]
     if not g.feedback_hidden_tests:
         lines += [
@@ -267,20 +312,32 @@ class Collected:
     error: str = ""
 
 
+# LMS download names, tried in order by nbgrader's FileNameCollectorPlugin (its `named_regexp`): the group
+# `student_id` is the student (spaces become `_`), `file_id` the file as the student named it.
+LMS_NAME_PATTERNS = (
+    # Moodle: "John Smith_123456_assignsubmission_file_01_tensor.ipynb" (the number is the participant)
+    r"^(?P<student_id>[^_]+?)_(?:\d+_)?assignsubmission_\w+?_(?P<file_id>.+)$",
+    # Canvas: "smithjohn_12345_67890_01_tensor.ipynb", "smithjohn_late_12345_67890_01_tensor.ipynb"
+    r"^(?P<student_id>[^_]+?)(?:_LATE|_late)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file_id>.+)$",
+    # "John Doe_01_tensor.ipynb", "alice_01_tensor.ipynb", "alice-01_tensor (1).ipynb", "alice.ipynb"
+    r"^(?P<student_id>.+?)(?:[_-](?P<file_id>\d\d_[a-z_]+))?(?: \(\d+\))?\.ipynb$",
+)
+
+
 def student_from_name(name: str, module: Module) -> str:
-    """Student id from an LMS-style file name: `alice_01_tensor.ipynb`, `alice-01_tensor (1).ipynb`, `alice.ipynb`."""
-    stem = re.sub(r"\s*\(\d+\)$", "", Path(name).stem)  # "name (1)" copies
-    stem = re.sub(r"-\d+$", "", stem) if stem.endswith(tuple(f"-{i}" for i in range(10))) else stem
-    for suffix in (module.notebook.stem, module.name):
-        if stem.lower().endswith(suffix.lower()) and len(stem) > len(suffix):
-            stem = stem[: -len(suffix)]
-            break
-    stem = stem.strip("_-. ")
-    # Canvas: "lastfirst_12345_67890_..." -> "lastfirst"; Moodle: "First Last_123_assignsubmission_file_" -> first part
-    parts = [p for p in re.split(r"[_\s]+", stem) if p]
-    if len(parts) > 1 and any(p.isdigit() for p in parts[1:]):
-        stem = parts[0]
-    return stem
+    """Student id from an LMS download name (see LMS_NAME_PATTERNS), with nbgrader's zip_collect plugin."""
+    from nbgrader.plugins import FileNameCollectorPlugin
+
+    base = Path(name).name
+    for pattern in LMS_NAME_PATTERNS:
+        found = FileNameCollectorPlugin(named_regexp=pattern, valid_ext=[".ipynb"]).collect(base)
+        if found and found.get("student_id"):
+            file_id = found.get("file_id") or ""
+            if file_id and pattern is LMS_NAME_PATTERNS[-1] and not file_id.startswith(module.slug[:3]):
+                continue
+            student = re.sub(r"\s+", "_", found["student_id"].strip())
+            return re.sub(r"[^A-Za-z0-9_.\-]", "", student) or found["student_id"]
+    return Path(base).stem
 
 
 def collect_folder(settings: Settings, module: Module, folder: Path,
@@ -297,8 +354,7 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
     mapping = mapping or {}
     if folder.is_file() and folder.suffix == ".zip":
         with tempfile.TemporaryDirectory(prefix="tito-collect-") as tmp:
-            _unzip(folder, Path(tmp))
-            return collect_folder(settings, module, Path(tmp), mapping)
+            return collect_folder(settings, module, _unzip(folder, Path(tmp), module), mapping)
     if not folder.is_dir():
         raise CourseError(f"{folder} is neither a folder nor a .zip of submissions")
     found: dict[str, list[tuple[str, Path]]] = {}
@@ -350,22 +406,44 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
     return results
 
 
-def _unzip(archive: Path, dest: Path) -> None:
+def _unzip(archive: Path, dest: Path, module: Module) -> Path:
+    """Extract an LMS download with nbgrader's zip_collect ExtractorPlugin (zips inside it too); the files keep
+    their dates from the archive. Returns the folder holding the submissions: a folder that wraps everything
+    (`submissions/...`) is looked through."""
+    from nbgrader.plugins import ExtractorPlugin
+
     try:
         with zipfile.ZipFile(archive) as z:
-            for info in z.infolist():
-                target = (dest / info.filename).resolve()
-                if not str(target).startswith(str(dest.resolve()) + os.sep):
-                    raise CourseError(f"{archive}: member {info.filename!r} points outside the archive: refused")
-                if info.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(z.read(info))
-                when = time.mktime(info.date_time + (0, 0, -1))
-                os.utime(target, (when, when))
+            infos = z.infolist()
     except zipfile.BadZipFile as e:
         raise CourseError(f"{archive} is not a readable zip file: {e}") from None
+    for info in infos:
+        target = (dest / archive.stem / info.filename).resolve()
+        if not str(target).startswith(str(dest.resolve()) + os.sep):
+            raise CourseError(f"{archive}: member {info.filename!r} points outside the archive: refused")
+    inbox = dest / ".archive"
+    inbox.mkdir()
+    shutil.copy2(archive, inbox / archive.name)
+    try:
+        ExtractorPlugin().extract(str(inbox), str(dest))
+    except Exception as e:  # nbgrader's extractor raises what the archive module raises
+        raise CourseError(f"{archive} could not be extracted: {type(e).__name__}: {e}") from None
+    shutil.rmtree(inbox)
+    top = dest / archive.stem
+    for info in infos:  # the submission time is the member's own date
+        target = top / info.filename
+        if target.is_file():
+            when = time.mktime(info.date_time + (0, 0, -1))
+            os.utime(target, (when, when))
+    while True:
+        entries = [e for e in top.iterdir() if not e.name.startswith(".") and e.name != "__MACOSX"]
+        one = entries[0] if len(entries) == 1 and entries[0].is_dir() else None
+        student_entry = one is not None and ((one / "modules").is_dir() or (one / module.notebook.name).exists()
+                                             or (one / module.slug).is_dir() or len(list(one.glob("*.ipynb"))) == 1)
+        if one is not None and not student_entry:
+            top = one
+            continue
+        return top
 
 
 def read_mapping(path: Path) -> dict[str, str]:
@@ -405,6 +483,7 @@ class Outcome:
     graded_at: str = ""
     seconds: float = 0.0
     log: str = ""
+    integrity: str = ""  # what the integrity check found (also for a submission that was otherwise graded)
 
     @property
     def label(self) -> str:
@@ -548,7 +627,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
                          "ask the student for an intact copy") from None
     # a test cell that still holds the hidden tests (the instructor's own version) is not tampered with:
     # compare without them; nbgrader's OverwriteCells puts them back from the gradebook anyway
-    nb, _ = ClearHiddenTests(enforce_metadata=False).preprocess(nb, {})
+    nb = clear_hidden_tests(nb)
     nb, cell_problems = restore_graded_cells(nb, release)
     details = [str(p) for p in cell_problems]
     for p in cell_problems:
@@ -587,9 +666,29 @@ def _cell_report(nb) -> list[str]:
             continue
         md = nbgrader_meta(cell)
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        mark = "passed" if not errors else f"{errors[0].get('ename')}: {errors[0].get('evalue', '')}".strip()
+        mark = "passed" if cell_passed(cell) else f"{errors[0].get('ename')}: {errors[0].get('evalue', '')}".strip()
         lines.append(f"  {exercise_label(cell)} [{md.get('grade_id')}] ({md.get('points')} pts): {mark[:300]}")
     return lines
+
+
+_FRAME_RE = re.compile(r"(?:Cell In\[\d+\], line \d+|File [^\n]*?:\d+), in ([\w.<>]+)")
+
+
+def name_stubs(nb) -> None:
+    """A graded cell that failed on a stub's bare `NotImplementedError` says which exercise and function, as
+    `tito test` does."""
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not is_test_cell(cell):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") != "error" or out.get("ename") != "NotImplementedError" or out.get("evalue"):
+                continue
+            tb = ANSI_RE.sub("", "\n".join(out.get("traceback", [])))
+            frames = _FRAME_RE.findall(tb)
+            func = frames[-1] if frames else "a function"
+            out["evalue"] = (f"{exercise_label(cell)}: {func} is not implemented yet (its stub raises "
+                             f"NotImplementedError): write its code in the solution cell")
+            out["traceback"] = [*out.get("traceback", [])[:-1], f"NotImplementedError: {out['evalue']}"]
 
 
 def _flag_grades(gb, module: Module, student: str, grade_ids: list[str] | None, zero: bool) -> None:
@@ -605,7 +704,7 @@ def _flag_grades(gb, module: Module, student: str, grade_ids: list[str] | None, 
 
 def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcome:
     """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
-    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, LimitOutput, SaveAutoGrades
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, LimitOutput
 
     nb = nbformat.reads(result["notebook"], as_version=4)
     status, reason = {"ok": (GRADED, ""), "timed out": (TIMED_OUT, result.get("reason", "")),
@@ -619,7 +718,8 @@ def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcom
         note.id = "tito-autograder-note"
         nb.cells.insert(0, note)
     resources = _resources(settings, module, job.student)
-    for pp in (LimitOutput(), SaveAutoGrades(), AssignLatePenalties(), CheckCellMetadata()):
+    name_stubs(nb)
+    for pp in (LimitOutput(), TitoSaveAutoGrades(), AssignLatePenalties(), CheckCellMetadata()):
         nb, resources = pp.preprocess(nb, resources)
     with _gradebook(settings) as gb:
         if status != GRADED:
@@ -635,7 +735,7 @@ def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcom
     job.log += [f"execution: {result['status']}" + (f" ({result.get('reason')})" if result.get("reason") else "")
                 + f" in {result.get('seconds', 0):g} s", "graded cells:"] + _cell_report(nb)
     return Outcome(job.student, score, max_score, status, reason, job.fingerprint, job.submitted_at,
-                   seconds=float(result.get("seconds", 0)))
+                   seconds=float(result.get("seconds", 0)), integrity="; ".join(job.problems))
 
 
 def fail(settings: Settings, module: Module, job: Job, reason: str, status: str = FAILED) -> Outcome:
@@ -653,7 +753,8 @@ def fail(settings: Settings, module: Module, job: Job, reason: str, status: str 
     if stale.exists():
         shutil.rmtree(stale)
     job.log.append(f"{status}: {reason}")
-    return Outcome(job.student, 0.0, max_score, status, reason, job.fingerprint, job.submitted_at)
+    return Outcome(job.student, 0.0, max_score, status, reason, job.fingerprint, job.submitted_at,
+                   integrity="; ".join(job.problems))
 
 
 # ------------------------------------------------------------------ the run: parallel workers
@@ -675,37 +776,35 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
     return out
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (d / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
+def descendants(pid: int) -> list[int]:
+    """Every process started by `pid`, however deep (psutil)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a worker, everything it started (the kernel included) and its process group."""
-    pids = _descendants(proc.pid) if Path("/proc").is_dir() else []
-    for p in [proc.pid, *pids]:
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    for p in tree:
         try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            p.kill()
+        except psutil.Error:
             pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    psutil.wait_procs(tree[1:], timeout=5)
 
 
 @dataclass
@@ -717,6 +816,7 @@ class Running:
     started: float
     hard_deadline: float
     workdir: str
+    slot: int
 
 
 @dataclass
@@ -748,11 +848,107 @@ class Stop:
         return bool(self.signal)
 
 
+def prerequisite_imports(files: dict[str, str]) -> list[str]:
+    """`tinytorch.core.tensor`-style module names of the package copy a submission's kernel gets."""
+    out = []
+    for rel in files:
+        if rel.endswith(".py") and not rel.endswith("__init__.py") and "/_" not in rel:
+            out.append(rel[:-3].replace("/", "."))
+    return ["tinytorch", *sorted(out)]
+
+
+class WorkerPool:
+    """Up to `size` submissions at once, each in a worker process in `box`; `grade()` runs a queue.
+
+    Each finished worker's result is scored into the gradebook by `on_result(job, result | None, why)`
+    in this process, one at a time (result None: the worker died or was killed; `why` says how)."""
+
+    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings):
+        self.box, self.size, self.files, self.g = box, max(1, size), files, g
+        self.running: list[Running] = []
+        self.scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
+        os.chmod(self.scratch, 0o700)
+
+    def free_slot(self) -> int:
+        used = {r.slot for r in self.running}
+        return next(i for i in range(self.size + 1) if i not in used)
+
+    def launch(self, job: Job) -> None:
+        box, g = self.box, self.g
+        slot = self.free_slot()
+        out, errf = self.scratch / f"{job.student}.out", self.scratch / f"{job.student}.err"
+        workdir = (f"{box.workdir_base()}/{job.student}" if box.workdir_base()
+                   else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
+        payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": self.files, "workdir": workdir,
+                              "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
+                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit})
+        with open(out, "wb") as fo, open(errf, "wb") as fe:
+            proc = subprocess.Popen(box.command(sys.executable, workdir, slot), stdin=subprocess.PIPE, stdout=fo,
+                                    stderr=fe, env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec())
+        try:
+            proc.stdin.write(payload.encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        now = time.monotonic()
+        self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot))
+        job.log.append(f"worker started (sandbox {box.mode}), limit {g.notebook_timeout:g} s per notebook, "
+                       f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB, "
+                       f"{box.max_processes} processes")
+
+    def _result(self, r: Running, killed: bool) -> tuple[dict | None, str]:
+        if self.box.mode == "none":
+            shutil.rmtree(r.workdir, ignore_errors=True)
+        err_text = r.err.read_bytes()[-4000:].decode("utf-8", errors="replace") if r.err.exists() else ""
+        try:
+            result = None if killed else json.loads(r.out.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            result = None
+        for p in (r.out, r.err):
+            p.unlink(missing_ok=True)
+        if killed:
+            return None, f"no result within {self.g.notebook_timeout:g} s + 30 s: the grading process was killed"
+        if result is not None:
+            return result, ""
+        reason = f"the grading process exited with code {r.proc.returncode} without a result"
+        if r.proc.returncode in (-9, 137) or "MemoryError" in err_text:
+            reason += " (killed: out of memory?)"
+        last = [ln for ln in err_text.strip().splitlines() if ln.strip()][-1:]
+        if last:
+            reason += f": {last[0][:200]}"
+        r.job.log.append("worker stderr:\n" + err_text)
+        return None, reason
+
+    def poll(self, on_result) -> None:
+        now = time.monotonic()
+        for r in list(self.running):
+            if r.proc.poll() is not None:
+                self.running.remove(r)
+                result, why = self._result(r, killed=False)
+                on_result(r.job, result, why, False)
+            elif now > r.hard_deadline:
+                kill_tree(r.proc)
+                self.running.remove(r)
+                result, why = self._result(r, killed=True)
+                on_result(r.job, result, why, True)
+
+    def close(self) -> list[str]:
+        """Kill what still runs; the students whose grading was cut short."""
+        left = [r.job.student for r in self.running]
+        for r in self.running:
+            kill_tree(r.proc)
+            if self.box.mode == "none":
+                shutil.rmtree(r.workdir, ignore_errors=True)
+        self.running.clear()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return left
+
+
 def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
               workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None
               ) -> RunReport:
     """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`."""
-    from .sandbox import make_sandbox
+    from .sandbox import make_sandbox, preflight
 
     g = GradingSettings.load(settings)
     all_students = submitted_students(settings, module)
@@ -779,16 +975,16 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             graded_file.exists() or old.status == FAILED)
         (unchanged if current and not force else todo).append(s)
 
-    memory = int(g.memory_gb * (1 << 30))
-    hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root]
-    box = make_sandbox(g.sandbox, g.user, hidden, settings.root, memory)
     nworkers = max(1, workers or g.workers)
+    hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root]
+    box = make_sandbox(g.sandbox, hidden, settings.root, int(g.memory_gb * (1 << 30)), workers=nworkers,
+                       max_processes=g.max_processes)
     files = package_files(settings.root, module)
-    scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
-    os.chmod(scratch, 0o700)
+    if todo:  # the worker must start, import and run before any submission is tried
+        preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")
     stop = Stop()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    running: list[Running] = []
+    pool = WorkerPool(box, nworkers, files, g)
     queue = list(todo)
     graded_now: list[str] = []
     total = len(todo)
@@ -808,62 +1004,24 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
         if on_event:
             on_event("done", outcome, len(graded_now), total)
 
-    def launch(job: Job) -> None:
-        out, errf = scratch / f"{job.student}.out", scratch / f"{job.student}.err"
-        workdir = (f"{box.workdir_base()}/{job.student}" if box.workdir_base()
-                   else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
-        payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": files, "workdir": workdir,
-                              "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout})
-        with open(out, "wb") as fo, open(errf, "wb") as fe:
-            proc = subprocess.Popen(box.command(sys.executable, workdir), stdin=subprocess.PIPE, stdout=fo, stderr=fe,
-                                    env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec())
-        try:
-            proc.stdin.write(payload.encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        now = time.monotonic()
-        running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir))
-        job.log.append(f"worker started ({'sandbox ' + box.mode}), limit {g.notebook_timeout:g} s per notebook, "
-                       f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB")
-
-    def collect_result(r: Running, killed: bool) -> None:
-        if box.mode == "none":
-            shutil.rmtree(r.workdir, ignore_errors=True)
-        err_text = r.err.read_bytes()[-4000:].decode("utf-8", errors="replace")
-        if killed:
-            outcome = fail(settings, module, r.job, f"no result within {g.notebook_timeout:g} s + 30 s: the "
-                                                     "grading process was killed", status=TIMED_OUT)
+    def on_result(job: Job, result: dict | None, why: str, killed: bool) -> None:
+        if result is None:
+            outcome = fail(settings, module, job, why, status=TIMED_OUT if killed else FAILED)
         else:
             try:
-                result = json.loads(r.out.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                result = None
-            if result is None:
-                reason = f"the grading process exited with code {r.proc.returncode} without a result"
-                if r.proc.returncode in (-9, 137) or "MemoryError" in err_text:
-                    reason += " (killed: out of memory?)"
-                last = [ln for ln in err_text.strip().splitlines() if ln.strip()][-1:]
-                if last:
-                    reason += f": {last[0][:200]}"
-                r.job.log.append("worker stderr:\n" + err_text)
-                outcome = fail(settings, module, r.job, reason)
-            else:
-                try:
-                    outcome = finish(settings, module, r.job, result)
-                except Exception as e:  # a damaged executed notebook: this student fails, the others go on
-                    outcome = fail(settings, module, r.job, f"scoring failed: {type(e).__name__}: {e}")
-        for p in (r.out, r.err):
-            p.unlink(missing_ok=True)
-        record(outcome, r.job)
+                outcome = finish(settings, module, job, result)
+            except Exception as e:  # a damaged executed notebook: this student fails, the others go on
+                outcome = fail(settings, module, job, f"scoring failed: {type(e).__name__}: {e}")
+        record(outcome, job)
 
+    left: list[str] = []
     try:
         if on_event:
             on_event("start", None, 0, total)
             for note in box.notes:
                 on_event(note, None, 0, total)
-        while (queue or running) and not stop:
-            while queue and len(running) < nworkers and not stop:
+        while (queue or pool.running) and not stop:
+            while queue and len(pool.running) < pool.size and not stop:
                 s = queue.pop(0)
                 try:
                     job = prepare(settings, module, s, release, release_bytes, salt)
@@ -874,27 +1032,14 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                     job = Job(s, "")
                     record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}"), job)
                     continue
-                launch(job)
+                pool.launch(job)
             time.sleep(0.05)
-            now = time.monotonic()
-            for r in list(running):
-                if r.proc.poll() is not None:
-                    running.remove(r)
-                    collect_result(r, killed=False)
-                elif now > r.hard_deadline:
-                    kill_tree(r.proc)
-                    running.remove(r)
-                    collect_result(r, killed=True)
+            pool.poll(on_result)
     finally:
-        interrupted = [r.job.student for r in running] + list(queue) if stop or running else []
-        for r in running:
-            kill_tree(r.proc)
-            if box.mode == "none":
-                shutil.rmtree(r.workdir, ignore_errors=True)
-        running.clear()
+        left = pool.close()
+        interrupted = left + list(queue) if stop or left else []
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
-        shutil.rmtree(scratch, ignore_errors=True)
     outcomes = {s: results[s] for s in wanted if s in results}
     for s in interrupted:  # its previous result (if any) stays on disk, but it was not graded now
         outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
@@ -908,19 +1053,75 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 # ------------------------------------------------------------------ feedback
 
 
+HIDDEN_NOTE = "[hidden test code removed]"
+
+
+def hidden_region_lines(source: str) -> tuple[set[int], list[str]]:
+    """1-based line numbers inside hidden-test regions of a cell, and their code lines."""
+    numbers, texts, inside = set(), [], False
+    for n, line in enumerate(source.splitlines(), 1):
+        if BEGIN_HIDDEN in line:
+            inside = True
+        if inside:
+            numbers.add(n)
+            if line.strip() and BEGIN_HIDDEN not in line and END_HIDDEN not in line:
+                texts.append(line.strip())
+        if END_HIDDEN in line:
+            inside = False
+    return numbers, texts
+
+
+def _scrub(text: str, hidden: list[str]) -> str:
+    for h in hidden:
+        if h in text:
+            text = text.replace(h, HIDDEN_NOTE)
+        quoted = repr(h)[1:-1]
+        if quoted != h and quoted in text:
+            text = text.replace(quoted, HIDDEN_NOTE)
+    return text
+
+
 class HideHiddenTests(ClearHiddenTests):
-    """Feedback without the hidden tests: their code is removed and so are tracebacks that would quote it."""
+    """Feedback without the hidden tests.
+
+    Their code is removed from the test cells; any output that repeats a hidden line (a cell hook
+    printing each cell's source, say) has it replaced; a failure inside a hidden region shows only the
+    error's type and message, while a failed visible assert keeps its traceback (scrubbed the same way)."""
 
     enforce_metadata = False
 
+    def preprocess(self, nb, resources):
+        self._hidden = []
+        for cell in nb.cells:
+            if cell.cell_type == "code" and is_test_cell(cell):
+                self._hidden += [h for h in hidden_region_lines(cell.get("source", ""))[1] if len(h) >= 8]
+        self._hidden.sort(key=len, reverse=True)
+        return super().preprocess(nb, resources)
+
     def preprocess_cell(self, cell, resources, cell_index):
-        had_hidden = BEGIN_HIDDEN in cell.get("source", "")
-        cell, resources = super().preprocess_cell(cell, resources, cell_index)
-        if had_hidden and cell.cell_type == "code":
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    out["traceback"] = [f"{out.get('ename')}: {out.get('evalue')}",
+        test = cell.cell_type == "code" and is_test_cell(cell)
+        numbers = hidden_region_lines(cell.get("source", ""))[0] if test else set()
+        if test and numbers:
+            cell, resources = super().preprocess_cell(cell, resources, cell_index)
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            kind = out.get("output_type")
+            if kind == "stream":
+                out["text"] = _scrub(out.get("text", ""), self._hidden)
+            elif kind in ("execute_result", "display_data"):
+                for mime, value in list(out.get("data", {}).items()):
+                    if isinstance(value, str):
+                        out["data"][mime] = _scrub(value, self._hidden)
+            elif kind == "error":
+                tb = ANSI_RE.sub("", "\n".join(out.get("traceback", [])))
+                where = re.search(r"Cell In\[\d+\], line (\d+)", tb)
+                in_hidden = bool(numbers) and (where is None or int(where.group(1)) in numbers)
+                evalue = _scrub(out.get("evalue", ""), self._hidden)
+                out["evalue"] = evalue
+                if in_hidden:
+                    out["traceback"] = [f"{out.get('ename')}: {evalue}",
                                         "(a hidden test failed: its code is not shown)"]
+                else:
+                    out["traceback"] = [_scrub(ANSI_RE.sub("", t), self._hidden) for t in out.get("traceback", [])]
         return cell, resources
 
 
@@ -987,14 +1188,17 @@ def export_grades(settings: Settings) -> tuple[Path, list[dict]]:
         rows = list(csv.DictReader(f))
         fields = list(rows[0].keys()) if rows else []
     tmp.unlink()
-    status: dict[tuple[str, str], str] = {}
+    status: dict[tuple[str, str], Outcome] = {}
     for m in load_modules(settings.root):
         for s, o in load_results(settings, m).items():
-            status[(m.slug, s)] = o.label
+            status[(m.slug, s)] = o
     for r in rows:
-        r["status"] = status.get((r.get("assignment", ""), r.get("student_id", "")), "")
+        o = status.get((r.get("assignment", ""), r.get("student_id", "")))
+        r["status"] = o.label if o else ""
+        r["integrity"] = (o.integrity or "ok") if o else ""  # a flagged cheater never reads like the others
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[*fields, "status"] if fields else ["assignment", "student_id", "status"])
+    w = csv.DictWriter(buf, fieldnames=[*fields, "status", "integrity"] if fields
+                       else ["assignment", "student_id", "status", "integrity"])
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(out, buf.getvalue())

@@ -9,6 +9,7 @@ without running it (`tito.milestones.parse`), and hands the rest to `start`::
     TITLE = "..."
     NEEDS = ["01", "02", "03", "04", "05", "06", "07", "08"]
     TARGET = "at least 95% test accuracy on the 360 test digits"
+    GOAL = {"reach": [("test accuracy", ">=", 0.95)]}
 
     from tito import harness
 
@@ -23,13 +24,12 @@ script's own through `options=`), checks that the modules in NEEDS (and their pr
 implemented, exiting with code 2 and a message naming each unfinished function and the command
 that records it, puts the edition root first on `sys.path`, and prints the title and target.
 
-The target is written once, in TARGET: its percentages are the thresholds the report checks, in
-order (`Target.parse`): "95%" or "at least 95%" means reached >= 95%, "at or below 75%" (or "at
-most", "<=") means reached <= 75%, and "within 50 epochs" caps the epochs. A time limit ("in
-under 60 s", "within 5 minutes") is checked against the `seconds` the script reports. A target
-may also compare with a baseline the script measures itself ("higher test accuracy than the MLP",
-"validation loss below a bigram model's"): such a TARGET names the comparison in words (it says
-"than", or "below"/"above" followed by a/an/the), and the script passes the two measured values to `report(beats=...)`.
+The target is stated twice on purpose: TARGET in words for people, GOAL as fields for the harness
+(`Target.from_goal`; the words are never parsed to grade): `"reach"` lists `(label, ">=" or "<=",
+fraction)` thresholds in the order `report` receives the values, `"beat"` lists `(label, "higher" or
+"lower", baseline)` comparisons with a baseline the script measures itself (passed as
+`report(beats=...)`), `"max_epochs"` caps the epochs and `"max_seconds"` the `seconds` the script
+reports. A test checks that TARGET's words and GOAL agree (`Target.parse` reads the words).
 `Run.report` prints one line per condition, `target: >= 95% test accuracy; reached 97.2%: PASS`,
 and returns the exit code: 0 when every condition holds, 1 otherwise.
 """
@@ -79,7 +79,36 @@ class Target:
     compares: bool = False  # the TARGET compares with a baseline the script measures ("than", "below")
 
     @classmethod
+    def from_goal(cls, text: str, goal: dict, where: str = "GOAL") -> "Target":
+        """The target from the milestone's structured GOAL (what `report` checks); `text` is only shown.
+
+        GOAL = {"reach": [(label, ">=" | "<=", fraction), ...], "beat": [(label, "higher" | "lower", baseline)],
+                "max_epochs": int, "max_seconds": number}: every key optional, at least one of reach and beat."""
+        unknown = set(goal) - {"reach", "beat", "max_epochs", "max_seconds"}
+        if unknown:
+            raise CourseError(f"{where}: unknown key(s) {sorted(unknown)}; use reach, beat, max_epochs, max_seconds")
+        conditions = []
+        for item in goal.get("reach", []):
+            if (not isinstance(item, (tuple, list)) or len(item) != 3 or item[1] not in (">=", "<=")
+                    or not isinstance(item[2], (int, float)) or not 0 <= item[2] <= 1):
+                raise CourseError(f"{where}: reach entry {item!r} must be (label, '>=' or '<=', a fraction 0..1)")
+            conditions.append(Condition(item[1], float(item[2]), f"{item[2] * 100:g}%"))
+        for item in goal.get("beat", []):
+            if not isinstance(item, (tuple, list)) or len(item) != 3 or item[1] not in ("higher", "lower"):
+                raise CourseError(f"{where}: beat entry {item!r} must be (label, 'higher' or 'lower', baseline)")
+        if not conditions and not goal.get("beat"):
+            raise CourseError(f"{where} states no threshold (reach) and no baseline (beat): write what the script "
+                              'must reach, e.g. GOAL = {"reach": [("test accuracy", ">=", 0.95)]}')
+        epochs, seconds = goal.get("max_epochs"), goal.get("max_seconds")
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+            raise CourseError(f"{where}: max_epochs = {epochs!r} must be a positive integer")
+        if seconds is not None and (not isinstance(seconds, (int, float)) or seconds <= 0):
+            raise CourseError(f"{where}: max_seconds = {seconds!r} must be a positive number")
+        return cls(text, tuple(conditions), epochs, None if seconds is None else float(seconds), bool(goal.get("beat")))
+
+    @classmethod
     def parse(cls, text: str) -> "Target":
+        """The thresholds a TARGET sentence states (a check that the words agree with GOAL; not what is graded)."""
         conditions = []
         for m in _PERCENT.finditer(text):
             op = "<=" if (m.group(1) or "").lower() in _AT_MOST else ">="
@@ -198,13 +227,15 @@ class Run:
         return out
 
     def report(self, *reached: tuple[str, float], epochs: int | None = None, seconds: float | None = None,
-               beats: tuple = ()) -> int:
+               beats: tuple = (), profile=None) -> int:
         """Check the target; print one line per condition; return the exit code (0: all hold, 1: not).
 
         `reached`: one `(label, value)` per percentage of TARGET, in order. `epochs` is checked against
         "within N epochs", `seconds` against a time limit. `beats`: for a TARGET that compares with a
         baseline, `(label, value, baseline_label, baseline_value, better)` tuples, `better` being
-        "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`).
+        "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`). `profile`: a
+        function running one training step; when the time limit is missed, one step is profiled and
+        its slowest ops are printed (`slowest_ops`), so the message points at the function to speed up.
         """
         conditions = self.target.conditions
         if len(reached) != len(conditions):
@@ -233,8 +264,81 @@ class Run:
             passed = seconds < self.target.max_seconds
             ok &= passed
             print(f"target: in under {self.target.max_seconds:g} s; took {seconds:.1f} s: {'PASS' if passed else 'FAIL'}")
+            if not passed and profile is not None:
+                print(slowest_ops_report(slowest_ops(profile)), flush=True)
         print(f"{self.title}: {'PASS' if ok else 'FAIL'} ({self.target.text})", flush=True)
         return 0 if ok else 1
+
+
+def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
+    """Profile `step()` (one training step) and return `(op, seconds per step, calls)`, slowest first.
+
+    Forward ops are timed through the op observer of module 01 (`tinytorch.core.tensor.observe_ops`):
+    each op result is charged the time since the previous one, so an op's share includes the Python
+    that prepared it. Backward rules are timed by wrapping them for the duration of the profile: the
+    rules of `BACKWARD_RULES` (module 06) and the `rule` of each `Function` node type. What neither
+    sees (the optimizer update, data loading) is reported as one line of its own.
+    """
+    import time
+
+    from tinytorch.core import autograd, tensor
+
+    totals: dict[str, list] = {}
+
+    def charge(name: str, seconds: float) -> None:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += seconds
+        entry[1] += 1
+
+    def timed(name, rule):
+        def wrapper(grad, node):
+            t0 = time.perf_counter()
+            try:
+                return rule(grad, node)
+            finally:
+                charge(f"{name} (backward)", time.perf_counter() - t0)
+        return wrapper
+
+    last = [0.0]
+
+    def observer(node, out) -> None:
+        now = time.perf_counter()
+        charge(f"{node.op} (forward)", now - last[0])
+        last[0] = time.perf_counter()
+
+    saved_rules = dict(autograd.BACKWARD_RULES)
+    function_types = [cls for cls in tensor._NODE_TYPES.values() if cls.__dict__.get("rule") is not None]
+    saved_function_rules = {cls: cls.__dict__["rule"] for cls in function_types}
+    step()  # warm-up
+    try:
+        for op, rule in saved_rules.items():
+            autograd.BACKWARD_RULES[op] = timed(op, rule)
+        for cls, rule in saved_function_rules.items():
+            cls.rule = staticmethod(timed(cls.op, rule.__func__ if isinstance(rule, staticmethod) else rule))
+        start = time.perf_counter()
+        with tensor.observe_ops(observer):
+            for _ in range(repeats):
+                last[0] = time.perf_counter()
+                step()
+        total = time.perf_counter() - start
+    finally:
+        autograd.BACKWARD_RULES.clear()
+        autograd.BACKWARD_RULES.update(saved_rules)
+        for cls, rule in saved_function_rules.items():
+            cls.rule = rule
+    ranked = sorted(((name, t / repeats, n // repeats) for name, (t, n) in totals.items()), key=lambda r: -r[1])
+    ranked.append(("(not in an op: optimizer update, data, glue)", max(0.0, total / repeats - sum(r[1] for r in ranked)), 0))
+    return ranked
+
+
+def slowest_ops_report(ranked: list[tuple[str, float, int]], top: int = 6) -> str:
+    "The few slowest ops of a profiled step as lines of text, with their share of the step."
+    total = sum(r[1] for r in ranked) or 1.0
+    lines = [f"where one training step's {total * 1e3:.1f} ms go (the slowest ops first; speed up the top ones):"]
+    for name, seconds, calls in ranked[:top]:
+        count = f", {calls} call(s)" if calls else ""
+        lines.append(f"  {name:<40} {seconds * 1e3:8.2f} ms  {seconds / total:6.1%}{count}")
+    return "\n".join(lines)
 
 
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -270,7 +374,10 @@ def start(script: str, *, epochs: int | None = None, quick_epochs: int | None = 
     path = Path(script).resolve()
     try:
         milestone = ms.parse(path)
-        target = Target.parse(milestone.target)
+        if not milestone.goal:
+            raise CourseError(f"milestone script {path} does not define GOAL, the target as fields the harness "
+                              f"checks; it must be {ms.FIELDS['GOAL'][1]}")
+        target = Target.from_goal(milestone.target, milestone.goal, f"{path.name}: GOAL")
         root = root or find_root(path.parent)
     except CourseError as e:
         _fail(f"error: {e}")

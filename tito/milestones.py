@@ -34,7 +34,9 @@ FIELDS = {
     "TITLE": (str, "a string"),
     "NEEDS": (list, 'a list of module numbers, e.g. NEEDS = ["01", "02", "03"]'),
     "TARGET": (str, "a string stating the result the script must reach"),
+    "GOAL": (dict, 'a dict, e.g. GOAL = {"reach": [("test accuracy", ">=", 0.95)], "max_epochs": 50}'),
 }
+OPTIONAL = {"GOAL"}  # a script without GOAL can be listed, not run
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Milestone:
     needs: tuple[str, ...]  # module numbers as the script states them, zero-padded: ("01", "02")
     target: str
     script: Path
+    goal: dict = field(default_factory=dict)  # the target as fields: reach / beat / max_epochs / max_seconds
 
 
 @dataclass
@@ -124,6 +127,8 @@ def parse(path: Path) -> Milestone:
     """Read a milestone script's header constants; a CourseError says which one is missing or wrong."""
     consts = _literal_constants(path)
     for key, (typ, what) in FIELDS.items():
+        if key not in consts and key in OPTIONAL:
+            continue
         if key not in consts:
             raise CourseError(f"milestone script {path} does not define {key} at module level; it must be {what}")
         value = consts[key]
@@ -134,7 +139,8 @@ def parse(path: Path) -> Milestone:
         if not (isinstance(n, int) and not isinstance(n, bool) or isinstance(n, str) and n.isdigit()):
             raise CourseError(f"milestone script {path}: NEEDS entry {n!r} is not a module number like \"03\"")
         needs.append(str(n).zfill(2))
-    return Milestone(consts["NAME"], consts["YEAR"], consts["TITLE"], tuple(needs), consts["TARGET"], path)
+    return Milestone(consts["NAME"], consts["YEAR"], consts["TITLE"], tuple(needs), consts["TARGET"], path,
+                     consts.get("GOAL", {}))
 
 
 def discover(root: Path) -> list[Milestone]:
@@ -206,3 +212,105 @@ def require(*numbers: str, root: Path | None = None) -> None:
     if missing:
         print(explain(root, missing, Path(caller).name if caller else "this script"), file=sys.stderr)
         raise SystemExit(2)
+
+
+# ------------------------------------------------------------------ every milestone, one summary
+
+
+@dataclass
+class Outcome:
+    milestone: Milestone
+    status: str  # PASS | FAIL | skipped | error
+    results: list[str] = field(default_factory=list)  # the script's `target: ...` lines
+    seconds: float = 0.0
+    plots: list[str] = field(default_factory=list)
+    why: str = ""
+
+
+def run_all(root: Path, extra: list[str] | None = None, stream=None) -> list[Outcome]:
+    """Run every milestone whose modules are complete in this edition, in year order, each with its own
+    output streamed; the others are listed as skipped with the modules they wait for."""
+    import subprocess
+    import time
+
+    from tito.course import edition_env
+
+    stream = stream or sys.stdout
+    out: list[Outcome] = []
+    for m in discover(root):
+        missing = readiness(root, m)
+        if missing:
+            out.append(Outcome(m, "skipped", why="needs " + ", ".join(x.short() for x in missing)))
+            continue
+        print(f"\n=== {m.year} {m.title} ({m.name}) ===\ntarget: {m.target}", file=stream, flush=True)
+        env = edition_env(root)
+        env.setdefault("TITO_ROOT", str(root))
+        env.setdefault("MPLBACKEND", "Agg")
+        t0 = time.monotonic()
+        proc = subprocess.Popen([sys.executable, str(m.script), *(extra or [])], cwd=root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        lines = []
+        for line in proc.stdout:
+            stream.write(line)
+            stream.flush()
+            lines.append(line.rstrip("\n"))
+        code = proc.wait()
+        res = Outcome(m, "PASS" if code == 0 else ("FAIL" if code == 1 else "error"), seconds=time.monotonic() - t0)
+        res.results = [ln[len("target: "):] for ln in lines if ln.startswith("target: ") and ln != f"target: {m.target}"]
+        res.plots = [ln.split("saved plot to ", 1)[1].strip() for ln in lines if "saved plot to " in ln]
+        if code not in (0, 1):
+            res.why = next((ln for ln in reversed(lines) if ln.strip()), f"exit code {code}")[:200]
+        out.append(res)
+    return out
+
+
+def summary(outcomes: list[Outcome], root: Path) -> str:
+    """The one-table summary: each milestone's target, what it reached, PASS/FAIL, time; then the plots."""
+    rows = [("year", "milestone", "result", "time", "target / reached")]
+    for o in outcomes:
+        reached = "; ".join(o.results) or o.why or "-"
+        rows.append((str(o.milestone.year), o.milestone.name, o.status,
+                     f"{o.seconds:.0f} s" if o.seconds else "-", f"{o.milestone.target}\n{reached}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = []
+    for i, r in enumerate(rows):
+        first, *rest = r[4].split("\n")
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + first)
+        for extra in rest:
+            lines.append(" " * (sum(widths) + 8) + "  -> " + extra)
+        if i == 0:
+            lines.append("-" * (sum(widths) + 8 + max(len(x[4].split("\n")[0]) for x in rows)))
+    plots = [p for o in outcomes for p in o.plots]
+    passed = sum(o.status == "PASS" for o in outcomes)
+    ran = sum(o.status != "skipped" for o in outcomes)
+    lines.append(f"\n{passed} of {ran} milestones run reached their target"
+                 + (f" ({len(outcomes) - ran} skipped: their modules are not complete in this edition)"
+                    if ran < len(outcomes) else ""))
+    if plots:
+        lines.append("plots:")
+        for p in plots:
+            try:
+                p = str(Path(p).relative_to(root))
+            except ValueError:
+                pass
+            lines.append(f"  {p}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tito.milestones run-all [script options]`: every ready milestone, then one summary table."""
+    if not argv or argv[0] != "run-all":
+        print("usage: python -m tito.milestones run-all [options passed to every script, e.g. --quick]",
+              file=sys.stderr)
+        return 2
+    root = find_root()
+    outcomes = run_all(root, argv[1:])
+    print("\n" + summary(outcomes, root), flush=True)
+    ran = [o for o in outcomes if o.status != "skipped"]
+    if not ran:
+        return 2
+    return 0 if all(o.status == "PASS" for o in ran) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -291,16 +291,33 @@ class CellTimedOut(Exception):
     """A cell ran past the per-cell limit; the run stops there (later cells would only time out too)."""
 
 
-def _client_class():
+# What happens to a cell that runs past its limit, the same in `tito test` and in the grading worker
+# (tito.grade_worker), so that `tito test` scores as the autograder does: "stop" ends the run there (the
+# cell fails, every later cell is not run: a loop that swallows the interrupt, or a function that loops
+# for every later caller, would only make each later cell wait out its limit too); "interrupt" sends
+# the kernel an interrupt and goes on with the next cell.
+TIMEOUT_POLICY = "stop"
+
+
+def client_class(on_timeout: str = TIMEOUT_POLICY):
+    """The notebook executor of `tito test` and of autograding: nbclient without its own SIGINT/SIGTERM
+    handling, applying `on_timeout` ("stop": raise CellTimedOut) to a cell past its limit."""
     from nbclient import NotebookClient
 
-    class Client(NotebookClient):
-        """nbclient without its own SIGINT/SIGTERM handling, stopping at the first timed-out cell."""
+    if on_timeout not in ("stop", "interrupt"):
+        raise ValueError(f"on_timeout={on_timeout!r} must be 'stop' or 'interrupt'")
 
+    class Client(NotebookClient):
         async def _async_handle_timeout(self, timeout, cell=None):
+            if on_timeout == "interrupt":  # nbclient's own: interrupt the kernel, record an error, go on
+                self.interrupt_on_timeout = True
+                return await super()._async_handle_timeout(timeout, cell)
             raise CellTimedOut(timeout)
 
     return Client
+
+
+_client_class = client_class
 
 
 def _kill_kernel(client) -> None:

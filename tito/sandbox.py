@@ -1,35 +1,51 @@
 """Where student code runs while it is graded: how a grading worker process is started.
 
-Two levels, chosen by settings.ini [grading] sandbox (`auto` picks the strongest one available):
+Three levels, chosen by settings.ini [grading] sandbox (`auto` picks the first that is available:
+bwrap, then namespace, then none; the report and every log say which one ran):
 
-- `namespace` (Linux, running as root, with util-linux `unshare` and `setpriv`): the worker runs
-  as the unprivileged user [grading] user (created with `useradd --system` when missing), in its
-  own mount and PID namespaces: the course's `modules/`, `tinytorch/`, nbgrader folder and git data
-  are covered by empty read-only mounts, `/tmp` and `/dev/shm` are private to the submission, and
-  every process it starts dies with it.
-- `none`: the worker runs as the grading user itself. Student code still gets its own working
-  directory and HOME outside the course tree, a package with only the prerequisite modules, and
-  the memory, process and time limits, but it can read (and write) whatever that user can.
+- `bwrap` (bubblewrap, a Debian/Ubuntu package: `apt-get install bubblewrap`): the worker sees a
+  new root holding read-only binds of exactly what it needs (the system's /usr, the interpreter and
+  its standard library, the virtual environment, tito's own code) and nothing else: no course
+  checkout, no home directory, no other user's files. /tmp is private, there is no network
+  (`--unshare-net`), it has its own PID namespace (`--unshare-pid`, every process it starts dies
+  with it), a new session (`--new-session`) and it dies with tito (`--die-with-parent`). Running as
+  root, the worker then drops to an unused numeric user id (one per worker slot; no account is
+  created) so that the process limit counts only that submission's processes.
+- `namespace` (Linux, root, util-linux `unshare` and `setpriv`): the older script. The worker runs
+  under the same numeric user id in its own mount and PID namespaces; the course's `modules/`,
+  `tinytorch/`, nbgrader folder and git data are covered by empty mounts, `/tmp` and `/dev/shm` are
+  private, but the rest of the file system stays readable to it.
+- `none`: the worker runs as the grading user itself, in a temporary folder, with the same limits.
 
-Both set resource limits (address space, file size) before the worker starts.
+All set resource limits before the worker starts: address space (`[grading] memory_gb`), file size,
+no core files, and a process count (`[grading] max_processes`: a fork bomb stops there).
+
+`preflight()` starts the worker exactly as grading will and explains in one line, with the fix,
+why it cannot start (for example an interpreter under a private home directory that the sandbox
+user cannot read), before any submission is tried.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pwd
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .course import CourseError
 
-GRADER_USER = "tinytorch-grader"
+MODES = ("auto", "bwrap", "namespace", "none")
+UID_BASE = 61000  # numeric user ids for the sandbox (one per worker slot): never in /etc/passwd, never created
 
-# Runs as root inside the new namespaces, then drops to the grader user and starts the worker.
+# Runs as root inside the new namespaces, then drops to the sandbox user and starts the worker.
 _NS_SCRIPT = r"""
 set -e
 uid="$1"; gid="$2"; tmpsize="$3"; privtmp="$4"; shift 4
@@ -44,52 +60,162 @@ if [ -d /dev/shm ]; then mount -t tmpfs -o size="$tmpsize",mode=1777 tinytorch-s
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
 
+# files of /etc a Python process and a Jupyter kernel may read (name resolution of localhost, time zone)
+_ETC = ("ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "hosts", "passwd", "group", "mime.types")
+
+
+def _free_uids(n: int) -> list[int]:
+    out, uid = [], UID_BASE
+    while len(out) < n:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            out.append(uid)
+        uid += 1
+    return out
+
+
+def _is_checkout(p: Path) -> bool:
+    """A folder holding a course (its notebooks, its git data): never bound into the sandbox. (A
+    site-packages folder with an installed `tinytorch` is bound, with that package masked: see bwrap_args.)"""
+    return (p / "modules").is_dir() or (p / ".git").exists() or (p / "settings.ini").is_file()
+
+
+def python_paths() -> list[Path]:
+    """What the worker's interpreter needs to start: the venv (sys.prefix), the base installation, the
+    interpreter binary's real location, the folders on sys.path (a .pth file may add some), and tito's
+    own code (the worker is `python -m tito.grade_worker`); never a course checkout itself."""
+    paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent,
+             Path(__file__).resolve().parent]
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
+            continue
+        p = Path(entry).resolve()
+        shared = {Path(x) for x in ("/", "/tmp", "/var/tmp", "/dev/shm", "/home", "/root", tempfile.gettempdir())}
+        if not _is_checkout(p) and p not in shared and p != Path.home() and p != Path.cwd().resolve():
+            paths.append(p)
+    out: list[Path] = []
+    for p in paths:
+        p = p.resolve() if p.exists() else p
+        if not any(p == q or q in p.parents for q in out):
+            out = [q for q in out if p not in q.parents] + [p]
+    return out
+
 
 @dataclass
 class Sandbox:
-    mode: str  # namespace | none
-    user: str = ""
-    hidden: list[Path] = field(default_factory=list)
+    mode: str  # bwrap | namespace | none
+    hidden: list[Path] = field(default_factory=list)  # namespace mode: covered by empty mounts
     notes: list[str] = field(default_factory=list)  # what was set up (printed once per run)
     memory_bytes: int = 0
+    max_processes: int = 256
     tmp_bytes: int = 1 << 30
-    # False when the course or its Python environment lives under /tmp: a private /tmp would hide
-    # them, so /dev/shm (private all the same) becomes the submission's working and temporary folder
+    uids: list[int] = field(default_factory=list)  # one per worker slot (root only)
+    # namespace mode: False when the course or its Python environment lives under /tmp: a private /tmp
+    # would hide them, so /dev/shm (private all the same) becomes the submission's folder
     private_tmp: bool = True
 
-    def describe(self) -> str:
-        if self.mode == "namespace":
-            return (f"student code runs as user {self.user} in its own mount and PID namespaces; "
-                    f"hidden from it: {', '.join(str(p) for p in self.hidden)}")
-        return ("student code runs as you (no sandbox: see the README's instructor loop section); "
-                "it gets its own working directory and HOME outside the course tree")
+    @property
+    def drops_user(self) -> bool:
+        return self.mode in ("bwrap", "namespace") and os.geteuid() == 0
 
-    def command(self, python: str, workdir: str) -> list[str]:
+    def describe(self) -> str:
+        who = (f"as an unprivileged user id ({self.uids[0]}..{self.uids[-1]}, one per worker; no account created)"
+               if self.drops_user and self.uids else "as you")
+        limits = f"at most {self.max_processes} processes per submission"
+        if self.mode == "bwrap":
+            return (f"sandbox bwrap: student code runs {who} in bubblewrap: it sees only read-only binds of "
+                    f"{', '.join(str(p) for p in python_paths())} and the system's /usr, a private /tmp, "
+                    f"no network, its own PID namespace; {limits}")
+        if self.mode == "namespace":
+            return (f"sandbox namespace: student code runs {who} in its own mount and PID namespaces; "
+                    f"hidden from it: {', '.join(str(p) for p in self.hidden)}; the rest of the file system "
+                    f"stays readable; {limits}")
+        return ("sandbox none: student code runs as you (see the README's instructor loop section); "
+                f"it gets its own working directory and HOME outside the course tree; {limits}")
+
+    def _uid(self, slot: int) -> int:
+        return self.uids[slot % len(self.uids)]
+
+    def command(self, python: str, workdir: str, slot: int = 0) -> list[str]:
         worker = [python, "-m", "tito.grade_worker"]
-        if self.mode != "namespace":
+        if self.mode == "none":
             return worker
-        pw = pwd.getpwnam(self.user)
-        return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
-                "--", "/bin/sh", "-c", _NS_SCRIPT, "tinytorch-sandbox", str(pw.pw_uid), str(pw.pw_gid),
-                str(self.tmp_bytes), "1" if self.private_tmp else "0", *[str(p) for p in self.hidden], "--", *worker]
+        drop = []
+        if self.drops_user:
+            uid = self._uid(slot)
+            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                    "--bounding-set=-all", "--"]
+        if self.mode == "namespace":
+            uid = self._uid(slot) if self.drops_user else os.getuid()
+            return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation",
+                    "private", "--", "/bin/sh", "-c", _NS_SCRIPT, "tinytorch-sandbox", str(uid), str(uid),
+                    str(self.tmp_bytes), "1" if self.private_tmp else "0", *[str(p) for p in self.hidden],
+                    "--", *worker]
+        return [*self.bwrap_args(), "--", *drop, *worker]
+
+    def bwrap_args(self) -> list[str]:
+        args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--hostname", "tinytorch-grading"]
+        if os.geteuid() != 0:
+            args.append("--unshare-user")
+        for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            p = Path("/") / top
+            if p.is_symlink():
+                args += ["--symlink", os.readlink(p), str(p)]
+            elif p.is_dir():
+                args += ["--ro-bind", str(p), str(p)]
+        args += ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+                 "--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "1777", "--dir", "/var/tmp"]
+        for name in _ETC:
+            p = Path("/etc") / name
+            if p.exists():
+                args += ["--ro-bind", str(p.resolve()), str(p)]
+        made: set[Path] = set()
+        for p in python_paths():
+            if str(p).startswith("/usr/"):
+                continue
+            for parent in reversed(p.parents):  # folders bwrap makes on the way are mode 700 unless told
+                if parent != Path("/") and parent not in made and str(parent) not in ("/tmp", "/usr"):
+                    args += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(parent)
+            args += ["--ro-bind", str(p), str(p)]
+        for p in python_paths():  # an installed course package (pip install ., not -e) is hidden: the
+            for pkg in (p / "tinytorch", p / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"  # kernel
+                        / "site-packages" / "tinytorch"):  # imports only the prerequisite copy
+                if pkg.is_dir() and not pkg.is_symlink():
+                    args += ["--tmpfs", str(pkg)]
+        args += ["--chdir", "/tmp", "--setenv", "TMPDIR", "/tmp"]
+        return args
 
     def workdir_base(self) -> str:
-        # inside the namespace /tmp (or /dev/shm, see private_tmp) is a fresh private tmpfs
-        if self.mode != "namespace":
-            return ""
-        return "/tmp/tinytorch-grading" if self.private_tmp else "/dev/shm/tinytorch-grading"
+        # inside the sandbox /tmp (or /dev/shm, see private_tmp) is a fresh private tmpfs
+        if self.mode == "bwrap":
+            return "/tmp/tinytorch-grading"
+        if self.mode == "namespace":
+            return "/tmp/tinytorch-grading" if self.private_tmp else "/dev/shm/tinytorch-grading"
+        return ""
 
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")])
-        if self.mode == "namespace":
-            env["USER"] = self.user
-            if not self.private_tmp:
-                env["TMPDIR"] = "/dev/shm"
+        # the worker imports tito from where this process did (its folder is bound in the bwrap sandbox)
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        if self.mode != "none":  # the sandbox user id has no account: no home directory to look up
+            env["USER"] = "grader"
+            env["HOME"] = "/tmp" if self.mode == "bwrap" or self.private_tmp else "/dev/shm"
+        if self.mode == "namespace" and not self.private_tmp:
+            env["TMPDIR"] = "/dev/shm"
         return env
 
     def preexec(self):
-        memory = self.memory_bytes
+        memory, nproc = self.memory_bytes, self.max_processes
+        per_uid = self.drops_user
+        if not per_uid and nproc:  # the limit counts all of this user's processes: allow for those running now
+            import psutil
+
+            mine = os.getuid()
+            nproc += sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == mine)
 
         def limits():
             os.setsid()  # its own process group: a Ctrl-C in the terminal reaches tito only
@@ -98,6 +224,8 @@ class Sandbox:
             fsize = 1 << 30
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if nproc and hasattr(resource, "RLIMIT_NPROC"):
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             if sys.platform.startswith("linux"):
                 import ctypes
 
@@ -119,22 +247,20 @@ def _git_dirs(root: Path) -> list[Path]:
     return []
 
 
-def ensure_user(name: str) -> list[str]:
-    """Make sure the unprivileged grader account exists (creating it when running as root)."""
-    try:
-        pwd.getpwnam(name)
-        return []
-    except KeyError:
-        pass
-    useradd = shutil.which("useradd")
-    if os.geteuid() != 0 or useradd is None:
-        raise CourseError(f"the grader user {name!r} does not exist and cannot be created here "
-                          f"(needs root and useradd): create it, or set [grading] sandbox = none in settings.ini")
-    proc = subprocess.run([useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                           "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CourseError(f"could not create the grader user {name!r}: {proc.stderr.strip()}")
-    return [f"created the unprivileged system user {name!r} to run student code"]
+def bwrap_available() -> str:
+    """'' when bubblewrap can be used here, else why not."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (`apt-get install bubblewrap`)"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "`setpriv` (util-linux) is not installed: needed to leave root inside bubblewrap"
+    probe = subprocess.run(["bwrap", *(["--unshare-user"] if os.geteuid() != 0 else []), "--unshare-pid",
+                            "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs",
+                            "/tmp", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"bubblewrap cannot create namespaces here ({probe.stderr.strip() or probe.returncode})"
+    return ""
 
 
 def namespace_available() -> str:
@@ -142,7 +268,7 @@ def namespace_available() -> str:
     if not sys.platform.startswith("linux"):
         return "not Linux"
     if os.geteuid() != 0:
-        return "tito is not running as root (needed to switch to the grader user)"
+        return "tito is not running as root (needed to switch to the sandbox user)"
     for tool in ("unshare", "setpriv"):
         if shutil.which(tool) is None:
             return f"`{tool}` (util-linux) is not installed"
@@ -153,25 +279,136 @@ def namespace_available() -> str:
     return ""
 
 
-def make_sandbox(mode: str, user: str, hidden: list[Path], root: Path, memory_bytes: int) -> Sandbox:
-    """The sandbox for this run; `mode` is settings.ini's auto | namespace | none."""
-    if mode not in ("auto", "namespace", "none"):
-        raise CourseError(f"settings.ini: [grading] sandbox = {mode!r} must be auto, namespace or none")
+def make_sandbox(mode: str, hidden: list[Path], root: Path, memory_bytes: int, workers: int = 1,
+                 max_processes: int = 256) -> Sandbox:
+    """The sandbox for this run; `mode` is settings.ini's auto | bwrap | namespace | none."""
+    if mode not in MODES:
+        raise CourseError(f"settings.ini: [grading] sandbox = {mode!r} must be one of {', '.join(MODES)}")
+    kw = dict(memory_bytes=memory_bytes, max_processes=max_processes,
+              uids=_free_uids(max(1, workers)) if os.geteuid() == 0 else [])
     if mode == "none":
-        return Sandbox("none", memory_bytes=memory_bytes)
-    why_not = namespace_available()
-    if why_not:
-        if mode == "namespace":
-            raise CourseError(f"[grading] sandbox = namespace cannot be used: {why_not}")
-        box = Sandbox("none", memory_bytes=memory_bytes)
-        box.notes.append(f"no sandbox: {why_not}; student code runs with your permissions")
-        return box
-    notes = ensure_user(user)
-    paths = [p for p in [*hidden, *_git_dirs(root)] if p.exists()]
-    needed = [Path(sys.prefix), Path(sys.executable).resolve(), Path(__file__).resolve().parent, root]
-    private_tmp = not any(Path("/tmp") in p.resolve().parents for p in needed) or not Path("/dev/shm").is_dir()
-    if not private_tmp:
-        notes.append("the course or its Python lives under /tmp, so /tmp stays the host's; each submission works "
-                     "in its own private /dev/shm instead")
-    return Sandbox("namespace", user=user, hidden=paths, notes=notes, memory_bytes=memory_bytes,
-                   private_tmp=private_tmp)
+        return Sandbox("none", **kw)
+    notes = []
+    for candidate, check in (("bwrap", bwrap_available), ("namespace", namespace_available)):
+        if mode not in ("auto", candidate):
+            continue
+        why_not = check()
+        if why_not:
+            if mode == candidate:
+                raise CourseError(f"[grading] sandbox = {candidate} cannot be used: {why_not}")
+            notes.append(f"{candidate} not used: {why_not}")
+            continue
+        if candidate == "bwrap":
+            return Sandbox("bwrap", notes=notes, **kw)
+        paths = [p for p in [*hidden, *_git_dirs(root)] if p.exists()]
+        needed = [Path(sys.prefix), Path(sys.executable).resolve(), Path(__file__).resolve().parent, root]
+        private_tmp = not any(Path("/tmp") in p.resolve().parents for p in needed) or not Path("/dev/shm").is_dir()
+        if not private_tmp:
+            notes.append("the course or its Python lives under /tmp, so /tmp stays the host's; each submission "
+                         "works in its own private /dev/shm instead")
+        return Sandbox("namespace", hidden=paths, notes=notes, private_tmp=private_tmp, **kw)
+    box = Sandbox("none", **kw)
+    box.notes.append(f"no sandbox ({'; '.join(notes)}); student code runs with your permissions")
+    return box
+
+
+# ------------------------------------------------------------------ preflight
+
+
+def _unreachable(path: Path) -> Path | None:
+    """The first folder on the way to `path` that a user other than its owner cannot enter (mode 700 and such)."""
+    p = Path("/")
+    for part in path.parts[1:]:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return p
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+            return p
+        p = p / part
+    return None
+
+
+def diagnose(box: Sandbox, detail: str) -> str:
+    """One line: why the worker did not start in `box`, and the fix."""
+    if box.drops_user and box.mode == "namespace":
+        for what, p in (("the interpreter", Path(sys.executable)), ("the interpreter's real file",
+                                                                      Path(sys.executable).resolve()),
+                        ("the standard library", Path(sys.base_prefix)), ("the virtual environment", Path(sys.prefix)),
+                        ("tito's code", Path(__file__).resolve().parent)):
+            blocked = _unreachable(p)
+            if blocked is not None:
+                mode = oct(os.stat(blocked).st_mode & 0o777) if blocked.exists() else "?"
+                system = next((q for q in ("/usr/bin/python3", "/usr/local/bin/python3")
+                               if os.path.exists(q) and _unreachable(Path(q).resolve()) is None), "")
+                fix = ("recreate the course venv from a Python outside it"
+                       + (f" (`{system} -m venv .venv`)" if system else "") if what != "tito's code"
+                       else "move the course to a folder other users can read")
+                return (f"sandbox {box.mode}: {what} ({p}) lies under {blocked} (mode {mode}), which the sandbox "
+                        f"user cannot read: {fix}, or grade with `[grading] sandbox = bwrap` "
+                        f"(`apt-get install bubblewrap`), which binds it read-only")
+    return (f"sandbox {box.mode}: the grading worker does not start ({detail}); run "
+            f"`tito nbgrader autograde` with `[grading] sandbox = none` to see whether the sandbox is the cause")
+
+
+def _stamp_key(box: Sandbox, files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for part in (box.mode, sys.executable, sys.version, str(box.uids[:1]), str(box.memory_bytes),
+                 str(box.max_processes), " ".join(box.bwrap_args() if box.mode == "bwrap" else box.hidden.__repr__())):
+        h.update(part.encode() + b"\0")
+    for p in (Path(sys.executable), Path(__file__).with_name("grade_worker.py")):
+        try:
+            h.update(str(p.stat().st_mtime_ns).encode())
+        except OSError:
+            pass
+    h.update(json.dumps(sorted(files)).encode())
+    return h.hexdigest()
+
+
+def preflight(box: Sandbox, files: dict[str, str], imports: list[str], stamp: Path | None = None,
+              timeout: float = 120) -> float:
+    """Start the worker as grading will (sandbox, limits, interpreter, the course package copy) on a
+    one-cell notebook importing `imports`; CourseError with the cause and the fix when it fails.
+
+    Returns the seconds it took (0 when `stamp` says this exact setup passed before)."""
+    import time
+
+    import nbformat
+
+    key = _stamp_key(box, files)
+    if stamp is not None and stamp.exists() and stamp.read_text().strip() == key:
+        return 0.0
+    t0 = time.monotonic()
+    src = "\n".join(["import sys"] + [f"import {m}" for m in imports] + ["print('preflight ok')"])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)])
+    workdir = (f"{box.workdir_base()}/preflight" if box.workdir_base() else tempfile.mkdtemp(prefix="tito-preflight-"))
+    payload = json.dumps({"notebook": nbformat.writes(nb), "files": files, "workdir": workdir,
+                          "deadline_s": timeout, "cell_timeout_s": timeout})
+    try:
+        proc = subprocess.run(box.command(sys.executable, workdir), input=payload.encode(), capture_output=True,
+                              env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec(), timeout=timeout + 30)
+    except subprocess.TimeoutExpired:
+        raise CourseError(diagnose(box, f"no answer within {timeout + 30:g} s")) from None
+    except OSError as e:
+        raise CourseError(diagnose(box, f"{type(e).__name__}: {e}")) from None
+    finally:
+        if box.mode == "none":
+            shutil.rmtree(workdir, ignore_errors=True)
+    err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    try:
+        result = json.loads(proc.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        last = err[-1][:200] if err else f"exit code {proc.returncode}, no output"
+        raise CourseError(diagnose(box, last)) from None
+    if result.get("status") != "ok":
+        raise CourseError(diagnose(box, f"{result.get('status')}: {result.get('reason')}"))
+    cell = nbformat.reads(result["notebook"], as_version=4).cells[0]
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if errors:
+        e = errors[0]
+        raise CourseError(f"sandbox {box.mode}: the course package does not import in the grading kernel "
+                          f"({e.get('ename')}: {e.get('evalue')}): run `tito test` on the prerequisite modules")
+    if stamp is not None:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(key + "\n")
+    return time.monotonic() - t0
