@@ -90,10 +90,9 @@ def term_module(term: Term, modules: list[Module], planned: dict[str, str]) -> t
     """("Module 06 (autograd)", the Module when its folder exists, else None)."""
     mod = next((m for m in modules if m.number == term.module), None)
     name = mod.name if mod else planned.get(term.module)
-    if name is None:
-        raise CourseError(f"glossary term {term.term!r} names module {term.module}, which is neither a folder in "
-                          "modules/ nor listed under `planned:` in quarto/glossary.yml")
-    return f"Module {term.module} ({name})", mod
+    # a module neither present nor planned (an edition with fewer modules) is named by its number only;
+    # tests/test_guide.py requires every term's module to be one or the other in the course itself
+    return (f"Module {term.module} ({name})" if name else f"Module {term.module}"), mod
 
 
 def render_glossary(root: Path, modules: list[Module], engine: str) -> str:
