@@ -389,7 +389,8 @@ def test_book_links_resolve(book):
         for href in re.findall(r'href="([^"]+)"', text):
             if re.match(r"[a-z]+:", href) or href.startswith("//"):
                 continue
-            path, _, frag = html_lib.unescape(href).partition("#")
+            url, _, frag = html_lib.unescape(href).partition("#")
+            path = url.split("?")[0]  # `theme.css?digest=...`
             target = (page.parent / path).resolve() if path else page
             if not target.exists():
                 broken.append(f"{page.relative_to(book)} -> {href}")
@@ -450,12 +451,13 @@ def test_book_renders_in_a_browser(book, tmp_path):
     chapter = book / "chapters" / "06_autograd.html"
     figure = re.search(r'<img[^>]*src="([^"]+\.svg)"', chapter.read_text(encoding="utf-8")).group(1)
     figure_path = (chapter.parent / figure).resolve()
-    pages = {"chapter": chapter, "glossary": book / "glossary.html", "figure": figure_path}
+    pages = {"chapter": chapter.as_uri(), "glossary": (book / "glossary.html").as_uri(), "figure": figure_path.as_uri(),
+             "figure-in-chapter": chapter.as_uri() + "#fig-module-6"}
     from matplotlib.image import imread
 
     for name, page in pages.items():
         shot = tmp_path / f"{name}.png"
-        proc = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri()],
+        proc = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1280,1600", page],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and shot.is_file(), f"chromium could not screenshot {page}: {proc.stderr[-500:]}"
         pixels = imread(shot)
