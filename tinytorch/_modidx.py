@@ -760,4 +760,16 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                            'tinytorch.text.tokenizers.train_merges_incremental': ( '10_tokenization/tokenization.html#train_merges_incremental',
                                                                                                    'tinytorch/text/tokenizers.py'),
                                            'tinytorch.text.tokenizers.train_merges_naive': ( '10_tokenization/tokenization.html#train_merges_naive',
-                                                                                             'tinytorch/text/tokenizers.py')}}}
+                                                                                             'tinytorch/text/tokenizers.py')},
+            'tinytorch.viz.graph': { 'tinytorch.viz.graph.Graph': ('common/graph.html#graph', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph.Graph._repr_svg_': ( 'common/graph.html#graph._repr_svg_',
+                                                                               'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph.Graph.save': ('common/graph.html#graph.save', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph._label_value': ('common/graph.html#_label_value', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph._ranks': ('common/graph.html#_ranks', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph._tensor_label': ('common/graph.html#_tensor_label', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph._topological': ('common/graph.html#_topological', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph.draw_graph': ('common/graph.html#draw_graph', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph.graph_nodes': ('common/graph.html#graph_nodes', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph.layout_svg': ('common/graph.html#layout_svg', 'tinytorch/viz/graph.py'),
+                                     'tinytorch.viz.graph.to_dot': ('common/graph.html#to_dot', 'tinytorch/viz/graph.py')}}}
