@@ -267,13 +267,14 @@ class GradScaler:
         - otherwise the count of good steps grows by one; when it reaches `growth_interval`,
           `scale_value` becomes `scale_value * growth_factor` *if that product is finite* (else
           the scale stays), and the count restarts at 0.
-        - `scale_value` stays a `np.float32` (round each new value to float32).
+        - `scale_value` stays a `np.float32`: compute each new value in float64 (as PyTorch multiplies
+          its float32 scale by a double factor) and round it to float32 once.
         - Afterwards the per-optimizer records are cleared (given) for the next step.
 
         EXAMPLE: `GradScaler(init_scale=8.0, growth_interval=2)`: good, good -> 16.0; then an
         overflow -> 8.0; then good -> 8.0 (one good step counted).
 
-        HINTS: `np.float32`, `np.isfinite`.
+        HINTS: `np.float64`, `np.float32`, `np.isfinite`.
         """
         if not self.enabled:
             return
@@ -283,7 +284,7 @@ class GradScaler:
         found_inf = any(self.found_inf_per_optimizer.values())
         ### BEGIN SOLUTION
         if found_inf:
-            self.scale_value = np.float32(self.scale_value * self.backoff_factor)
+            self.scale_value = np.float32(np.float64(self.scale_value) * self.backoff_factor)
             self.growth_tracker = 0
         else:
             good_steps = self.growth_tracker + 1
@@ -434,10 +435,11 @@ def compute_qparams(min_val, max_val, dtype: str = "int8", symmetric: bool = Fal
     if lo.shape != hi.shape:
         raise ValueError(f"compute_qparams: min_val and max_val must have one shape; got {lo.shape} and {hi.shape}")
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
-        raise ValueError(f"compute_qparams: the range must be finite; got min {lo.min()!r} and max {hi.max()!r}")
+        raise ValueError(f"compute_qparams: the range must be finite; got min {float(lo.min())!r} and max {float(hi.max())!r}")
     if (lo > hi).any():
         i = int(np.argmax((lo > hi).ravel()))
-        raise ValueError(f"compute_qparams: min_val must be <= max_val; got min {lo.ravel()[i]!r} > max {hi.ravel()[i]!r}")
+        raise ValueError(f"compute_qparams: min_val must be <= max_val; got min {float(lo.ravel()[i])!r} > "
+                         f"max {float(hi.ravel()[i])!r}")
     eps = np.finfo(np.float32).eps
     ### BEGIN SOLUTION
     lo = np.minimum(lo, np.float32(0))
