@@ -41,12 +41,11 @@ def format_limits(name: str) -> dict:
 
 
 def as_float32(x, who: str) -> np.ndarray:
-    "`x` (Tensor, array, list or number) as a C-contiguous float32 array; a copy only where needed."
+    "`x` (Tensor, array, list or number) as a float32 array (no copy of float32 data; views keep their layout)."
     a = np.asarray(x.data if isinstance(x, Tensor) else x)
     if a.dtype.kind not in "fiub":
         raise TypeError(f"{who}: expected numbers; got dtype {a.dtype}")
-    a = a.astype(np.float32, copy=False)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)     # 0-d arrays stay 0-d
+    return a.astype(np.float32, copy=False)
 
 
 def float_bits(x) -> np.ndarray:
