@@ -1,12 +1,21 @@
 """Module 12 (attention): `tinytorch.core.attention` against PyTorch.
 
-Scaled dot-product attention (plain, causal, boolean and additive masks) is compared with
-`torch.nn.functional.scaled_dot_product_attention`, forward and the gradients of q, k and v, on
-hypothesis-drawn shapes; multi-head attention with `torch.nn.MultiheadAttention(batch_first=True)`
-loaded with the same weights. Causality is a property: changing a future token never changes the
-outputs at earlier positions. Without PyTorch (a student edition) the same tests compare with the
-NumPy references of `tests/support/refs.py` (`sdpa`, `multi_head_attention`) and float64 central
-differences for the gradients, so nothing skips.
+By exercise: the scores (12.1) against `q k^T / sqrt(d)` with their gradients; `causal_mask` (12.2)
+in both alignments against torch's `causal_lower_right` / `causal_upper_left`; `MaskedSoftmax`
+(12.3, 12.4) against torch's softmax of the `-inf`-filled scores, forward and backward, with rows
+that are masked entirely giving zeros (not NaN); scaled dot-product attention (12.5: plain, causal
+bottom-right, boolean and additive masks) against `torch.nn.functional.scaled_dot_product_attention`,
+forward and the gradients of q, k and v, on hypothesis-drawn shapes; split/merge heads (12.6);
+multi-head attention (12.7) against `torch.nn.MultiheadAttention(batch_first=True)` loaded with the
+same weights, with key padding masks and with a KV cache (chunked decoding equals the full causal
+forward). The matmul FLOPs counted from the op records equal the closed form and torch's
+`FlopCounterMode`. Causality is a property: changing a future token never changes the outputs at
+earlier positions. Without PyTorch (a student edition) the same tests compare with the NumPy
+references of `tests/support/refs.py` (`sdpa`, `multi_head_attention`, `causal_allowed`) and
+float64 central differences for the gradients, so nothing skips.
+
+Mask conventions: tinytorch's boolean masks say True = masked (as `nn.MultiheadAttention`); torch's
+functional `scaled_dot_product_attention` and `refs.sdpa` say True = may attend. The tests translate.
 """
 from __future__ import annotations
 
@@ -15,9 +24,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinytorch.core.attention import ConcatCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
+import math
+
+from tinytorch.core.attention import (ConcatCache, MaskedSoftmax, MultiHeadAttention, attention_scores, causal_mask,
+                                     scaled_dot_product_attention)
 from tinytorch.core.autograd import no_grad
-from tinytorch.core.tensor import Tensor
+from tinytorch.core.tensor import Tensor, observe_ops
 from tests.support import params, refs
 from tests.support.families import check_row, family_rows
 from tests.support.refs import numeric_grads, torch_or_none
@@ -87,7 +99,108 @@ def assert_same(out, ours, tout, theirs, what):
         np.testing.assert_allclose(a.grad.data, expected, rtol=RTOL, atol=ATOL, err_msg=f"{what}: gradient of {name}")
 
 
-@pytest.mark.exercise("12.1", "scaled_dot_product_attention")
+@pytest.mark.exercise("12.1", "attention_scores")
+@PROPERTY
+@given(shapes=qkv_shapes(), seed=st.integers(0, 2**16))
+def test_scores_match_the_definition_with_gradients(shapes, seed):
+    rng = np.random.default_rng(seed)
+    q, k, _ = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    up = rng.standard_normal(q.shape[:-1] + (k.shape[-2],)).astype(np.float32)
+    tq, tk = Tensor(q, requires_grad=True), Tensor(k, requires_grad=True)
+    out = attention_scores(tq, tk)
+    assert isinstance(out, Tensor) and out.shape == up.shape, f"scores of q {q.shape}, k {k.shape}: {getattr(out, 'shape', out)}"
+    (out * Tensor(up)).sum().backward()
+    torch = torch_or_none()
+    if torch is None:
+        fn = lambda a, b: np.einsum("...qd,...kd->...qk", a, b) / math.sqrt(a.shape[-1])  # noqa: E731
+        value, (gq, _), (gk, _) = fn(q, k), *numeric_grads(fn, [q, k], up)
+    else:
+        a, b = torch.tensor(q, requires_grad=True), torch.tensor(k, requires_grad=True)
+        t = a @ b.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        (t * torch.tensor(up)).sum().backward()
+        value, gq, gk = t.detach().numpy(), a.grad.numpy(), b.grad.numpy()
+    np.testing.assert_allclose(out.data, value, rtol=RTOL, atol=ATOL, err_msg=f"attention_scores of q {q.shape}, k {k.shape}")
+    np.testing.assert_allclose(tq.grad.data, gq, rtol=RTOL, atol=ATOL, err_msg="gradient of q")
+    np.testing.assert_allclose(tk.grad.data, gk, rtol=RTOL, atol=ATOL, err_msg="gradient of k")
+
+
+@pytest.mark.exercise("12.1", "attention_scores")
+def test_scores_shape_error_names_both_shapes():
+    with pytest.raises(ValueError) as info:
+        attention_scores(np.ones((2, 3, 4)), np.ones((2, 5, 3)))
+    assert str(info.value) == ("attention_scores: q (2, 3, 4), k (2, 5, 3) do not fit: expected q (..., Tq, d), "
+                               "k (..., Tk, d) with the same number of dimensions")
+
+
+@st.composite
+def scores_and_mask(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3), label="leading axes")) + (draw(st.integers(1, 6), label="Tk"),)
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    scale = draw(st.sampled_from([1.0, 30.0]), label="score scale")
+    s = (rng.standard_normal(shape) * scale).astype(np.float32)
+    kind = draw(st.sampled_from(["none", "full", "rows"]), label="mask")
+    if kind == "none":
+        return s, None
+    mask = rng.random(shape if kind == "full" else shape[-2:] if len(shape) > 1 else shape) < 0.4
+    if draw(st.booleans(), label="a row masked entirely"):
+        mask.reshape(-1, mask.shape[-1])[0] = True
+    return s, mask
+
+
+def softmax_reference(s, mask, up):
+    """The reference weights and score gradients: torch's softmax of the -inf-filled scores, or NumPy and
+    central differences; rows masked entirely are zero in both (torch gives NaN there, replaced)."""
+    full = np.broadcast_to(mask, s.shape) if mask is not None else np.zeros(s.shape, bool)
+    empty = full.all(-1, keepdims=True)
+    torch = torch_or_none()
+    if torch is None:
+        def fn(x):
+            z = np.where(full, -np.inf, x)
+            with np.errstate(invalid="ignore"):
+                return np.where(empty, 0.0, refs.softmax(z, axis=-1))
+        [(g, ok)] = numeric_grads(fn, [s], up)
+        return fn(s), np.where(ok, g, np.nan)
+    t = torch.tensor(s, requires_grad=True)
+    w = torch.softmax(t.masked_fill(torch.tensor(full), float("-inf")), dim=-1)
+    w = torch.where(torch.tensor(empty), torch.zeros(()), w)
+    (w * torch.tensor(up)).sum().backward()
+    return w.detach().numpy(), torch.nan_to_num(t.grad).numpy()
+
+
+@pytest.mark.exercise("12.3", "MaskedSoftmax.forward")
+@settings(max_examples=40, deadline=None)
+@given(case=scores_and_mask())
+def test_masked_softmax_matches_torch(case):
+    s, mask = case
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        w = MaskedSoftmax.apply(Tensor(s), mask)
+    ref, _ = softmax_reference(s, mask, np.ones_like(s))
+    assert w.shape == s.shape and w.dtype == np.float32, f"weights {w.shape} {w.dtype}; expected {s.shape} float32"
+    np.testing.assert_allclose(w.data, ref, rtol=RTOL, atol=1e-6, err_msg=f"masked softmax of scores {s.shape}, mask {None if mask is None else mask.shape}")
+    if mask is not None:
+        assert np.all(w.data[np.broadcast_to(mask, s.shape)] == 0), "masked entries must weigh exactly 0"
+
+
+@pytest.mark.exercise("12.4", "MaskedSoftmax.backward")
+@settings(max_examples=40, deadline=None)
+@given(case=scores_and_mask(), seed=st.integers(0, 2**16))
+def test_masked_softmax_gradient_matches_torch(case, seed):
+    s, mask = case
+    s = s / np.float32(10.0) if np.abs(s).max() > 10 else s   # central differences need unsaturated rows
+    up = refs.fd_upstream(s.shape, seed)
+    t = Tensor(s, requires_grad=True)
+    (MaskedSoftmax.apply(t, mask) * Tensor(up)).sum().backward()
+    _, g = softmax_reference(s, mask, up)
+    assert t.grad is not None and t.grad.shape == s.shape, "backward must give the scores a gradient of their shape"
+    keep = ~np.isnan(g)
+    np.testing.assert_allclose(t.grad.data[keep], g[keep], rtol=1e-3, atol=1e-5, err_msg=f"gradient of masked softmax, scores {s.shape}")
+    assert np.isfinite(t.grad.data).all()
+    if mask is not None:
+        assert np.all(t.grad.data[np.broadcast_to(mask, s.shape)] == 0), "masked entries get exactly zero gradient"
+
+
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 @PROPERTY
 @given(shapes=qkv_shapes(), seed=st.integers(0, 2**16))
 def test_sdpa_matches_torch(shapes, seed):
@@ -96,7 +209,7 @@ def test_sdpa_matches_torch(shapes, seed):
     assert_same(*run_both(q, k, v), f"attention of shapes {shapes}")
 
 
-@pytest.mark.exercise("12.1", "scaled_dot_product_attention")
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 @PROPERTY
 @given(shapes=qkv_shapes(), seed=st.integers(0, 2**16))
 def test_sdpa_causal_matches_torch(shapes, seed):
@@ -109,7 +222,7 @@ def test_sdpa_causal_matches_torch(shapes, seed):
     assert_same(*run_both(q, k, v, is_causal=True), f"causal attention of shapes {(q_shape, k_shape, v_shape)}")
 
 
-@pytest.mark.exercise("12.1", "scaled_dot_product_attention")
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 @PROPERTY
 @given(shapes=qkv_shapes(), seed=st.integers(0, 2**16))
 def test_sdpa_boolean_mask_matches_torch(shapes, seed):
@@ -120,7 +233,7 @@ def test_sdpa_boolean_mask_matches_torch(shapes, seed):
     assert_same(*run_both(q, k, v, mask=mask), f"masked attention of shapes {shapes}")
 
 
-@pytest.mark.exercise("12.1", "scaled_dot_product_attention")
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 def test_sdpa_additive_mask_matches_torch():
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 3), (2, 5, 3), (2, 5, 2)))
@@ -128,7 +241,7 @@ def test_sdpa_additive_mask_matches_torch():
     assert_same(*run_both(q, k, v, mask=bias), "attention with an additive float mask")
 
 
-@pytest.mark.exercise("12.1", "scaled_dot_product_attention")
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 @settings(max_examples=25, deadline=None)
 @given(t=st.integers(2, 8), pos=st.data(), seed=st.integers(0, 2**16))
 def test_changing_a_future_token_never_changes_earlier_outputs(t, pos, seed):
@@ -143,7 +256,7 @@ def test_changing_a_future_token_never_changes_earlier_outputs(t, pos, seed):
                                err_msg=f"changing token {p} changed outputs at positions < {p}: the causal mask leaks the future")
 
 
-@pytest.mark.exercise("12.1", "scaled_dot_product_attention")
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 def test_shape_errors_name_the_shapes():
     with pytest.raises(ValueError, match=r"\(2, 4\).*\(3, 5\)"):
         scaled_dot_product_attention(Tensor(np.ones((2, 4))), Tensor(np.ones((3, 5))), Tensor(np.ones((3, 2))))
@@ -212,7 +325,7 @@ def load_into_torch(mha: MultiHeadAttention):
     return t
 
 
-@pytest.mark.exercise("12.2", "MultiHeadAttention.split_heads")
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
 @settings(max_examples=15, deadline=None)
 @given(b=st.integers(1, 3), t=st.integers(1, 6), heads=st.sampled_from([1, 2, 4]), hd=st.integers(1, 4),
        causal=st.booleans(), seed=st.integers(0, 2**16))
@@ -258,7 +371,7 @@ def test_multi_head_attention_matches_torch(b, t, heads, hd, causal, seed):
                                err_msg="gradient of out_proj.weight")
 
 
-@pytest.mark.exercise("12.2", "MultiHeadAttention.merge_heads")
+@pytest.mark.exercise("12.6", "MultiHeadAttention.merge_heads")
 def test_cross_attention_shapes_and_merge_inverts_split():
     mha = MultiHeadAttention(6, 3, rng=0)
     x = Tensor(np.random.default_rng(0).standard_normal((2, 4, 6)))
@@ -321,7 +434,7 @@ def test_chunked_decoding_with_a_cache_equals_the_full_causal_forward(b, t, head
                                err_msg=f"chunks {cuts} through a ConcatCache vs the full causal forward")
 
 
-@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+@pytest.mark.exercise("12.5", "scaled_dot_product_attention")
 def test_cached_decoding_matches_torch_causal_lower_right():
     "Two new queries over 6 keys (4 cached), per head, as torch's sdpa with causal_lower_right sees them."
     rng = np.random.default_rng(0)
@@ -449,3 +562,71 @@ def test_concat_cache_appends_and_names_bad_shapes():
         cache.update(Tensor(np.ones((1, 3, 1, 4))), Tensor(np.ones((1, 3, 1, 5))))
     with pytest.raises(ValueError, match=r"ConcatCache.update: k and v must be \(B, H, T_new, Dh\)"):
         cache.update(Tensor(np.ones((2, 1, 4))), Tensor(np.ones((2, 1, 5))))
+
+
+# ---------------------------------------------------------------------------------------------
+# The systems numbers of the notebook, against the tool practitioners use
+# ---------------------------------------------------------------------------------------------
+class MatmulFlops:
+    "The notebook's counter: 2 * (output elements) * (inner size) for every recorded matmul."
+
+    def __init__(self):
+        self.flops, self.shapes = 0, []
+
+    def __call__(self, node, out):
+        if node.op == "matmul":
+            self.flops += 2 * out.size * node.inputs[0].shape[-1]
+            self.shapes.append((node.inputs[0].shape, node.inputs[1].shape))
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+@pytest.mark.parametrize("b, t, e, h", [(1, 32, 64, 4), (2, 128, 64, 4), (1, 40, 24, 3)])
+def test_counted_flops_equal_the_closed_form_and_torch_flop_counter(b, t, e, h):
+    mha = MultiHeadAttention(e, h, rng=0)
+    x = np.random.default_rng(0).standard_normal((b, t, e)).astype(np.float32)
+    counter = MatmulFlops()
+    with no_grad(), observe_ops(counter):
+        mha(Tensor(x), is_causal=True)
+    predicted = 8 * b * t * e * e + 4 * b * t * t * e
+    assert counter.flops == predicted, (f"matmul FLOPs counted from the records {counter.flops:,}; closed form "
+                                        f"8 B T E^2 + 4 B T^2 E = {predicted:,}")
+    assert len(counter.shapes) == 6, f"4 projections + scores + weighted values: 6 matmuls; recorded {counter.shapes}"
+    torch = torch_or_none()
+    if torch is None:
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tmha = load_into_torch(mha)
+    flop_counter = FlopCounterMode(display=False)
+    # the math backend: FlopCounterMode has no formula for torch's fused CPU attention kernel (it counts 0 there)
+    with flop_counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        tmha(*(torch.tensor(x),) * 3, need_weights=False, attn_mask=torch.tensor(causal_mask(t)))
+    assert flop_counter.get_total_flops() == counter.flops, (
+        f"torch's FlopCounterMode counts {flop_counter.get_total_flops():,} FLOPs in nn.MultiheadAttention; the records "
+        f"of ours give {counter.flops:,}")
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+def test_a_cached_step_costs_the_predicted_flops_and_the_cache_holds_2E_numbers_per_token():
+    e, h, n = 32, 4, 20
+    mha = MultiHeadAttention(e, h, rng=0)
+    x = np.random.default_rng(1).standard_normal((1, n, e)).astype(np.float32)
+    cache = ConcatCache()
+    with no_grad():
+        mha(Tensor(x[:, :n - 1]), cache=cache)
+        counter = MatmulFlops()
+        with observe_ops(counter):
+            mha(Tensor(x[:, n - 1:]), cache=cache)
+    assert counter.flops == 8 * e * e + 4 * n * e, f"one cached step at position {n}: {counter.flops:,} FLOPs; predicted {8 * e * e + 4 * n * e:,}"
+    assert cache.k.nbytes + cache.v.nbytes == n * 2 * e * 4, "a float32 KV cache holds 2 x E x 4 bytes per token"
+    torch = torch_or_none()
+    if torch is None:
+        return
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flop_counter = FlopCounterMode(display=False)
+    with flop_counter, torch.no_grad():
+        for a, b in counter.shapes:
+            torch.matmul(torch.zeros(a), torch.zeros(b))
+    assert flop_counter.get_total_flops() == counter.flops
