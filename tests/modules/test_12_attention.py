@@ -182,6 +182,19 @@ def test_masked_softmax_matches_torch(case):
         assert np.all(w.data[np.broadcast_to(mask, s.shape)] == 0), "masked entries must weigh exactly 0"
 
 
+@pytest.mark.exercise("12.3", "MaskedSoftmax.forward")
+def test_masked_softmax_edge_cases():
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        w = MaskedSoftmax.apply(Tensor(np.array([[1e4, -1e4, 0.0], [0.0, 1e4, 3.0], [7.0, 7.0, 7.0]], np.float32)),
+                                np.array([[True, False, False], [False, False, True], [True, True, True]])).data
+    np.testing.assert_allclose(w, [[0, 0, 1], [0, 1, 0], [0, 0, 0]], atol=1e-6,
+                               err_msg="huge scores must not overflow, the max must ignore masked entries, a row masked entirely is zero")
+    w = MaskedSoftmax.apply(Tensor(np.array([[0.0, -np.inf], [-np.inf, -np.inf]], np.float32)), None).data
+    assert w.tolist() == [[1.0, 0.0], [0.0, 0.0]], f"-inf scores weigh 0 and a row of -inf is all zero; got {w.tolist()}"
+    w = MaskedSoftmax.apply(Tensor(np.zeros((2, 3), np.float32)), np.array([False, True, False]))
+    assert w.shape == (2, 3) and w.data.tolist() == [[0.5, 0.0, 0.5]] * 2, f"a (Tk,) mask broadcasts over rows; got {w.data.tolist()}"
+
+
 @pytest.mark.exercise("12.4", "MaskedSoftmax.backward")
 @settings(max_examples=40, deadline=None)
 @given(case=scores_and_mask(), seed=st.integers(0, 2**16))
@@ -195,7 +208,7 @@ def test_masked_softmax_gradient_matches_torch(case, seed):
     assert t.grad is not None and t.grad.shape == s.shape, "backward must give the scores a gradient of their shape"
     keep = ~np.isnan(g)
     np.testing.assert_allclose(t.grad.data[keep], g[keep], rtol=1e-3, atol=1e-5, err_msg=f"gradient of masked softmax, scores {s.shape}")
-    assert np.isfinite(t.grad.data).all()
+    assert np.isfinite(t.grad.data).all(), f"the gradient of the scores holds NaN or inf: {t.grad.data}"
     if mask is not None:
         assert np.all(t.grad.data[np.broadcast_to(mask, s.shape)] == 0), "masked entries get exactly zero gradient"
 
@@ -309,7 +322,7 @@ def test_causal_mask_matches_torch_alignments(tq, extra, align):
 def test_causal_mask_bad_input_is_named(args, kw, message):
     with pytest.raises(ValueError) as info:
         causal_mask(*args, **kw)
-    assert str(info.value) == message
+    assert str(info.value) == message, f"error text: {info.value}\nexpected:   {message}"
 
 
 def load_into_torch(mha: MultiHeadAttention):
@@ -371,6 +384,19 @@ def test_multi_head_attention_matches_torch(b, t, heads, hd, causal, seed):
                                err_msg="gradient of out_proj.weight")
 
 
+@pytest.mark.exercise("12.6", "MultiHeadAttention.split_heads")
+@settings(max_examples=20, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 5), heads=st.sampled_from([1, 2, 3, 4]), hd=st.integers(1, 4))
+def test_split_heads_is_pytorchs_layout_and_a_view(b, t, heads, hd):
+    mha = MultiHeadAttention(heads * hd, heads, rng=0)
+    x = np.arange(b * t * heads * hd, dtype=np.float32).reshape(b, t, heads * hd)
+    out = mha.split_heads(Tensor(x))
+    expected = np.stack([x[..., h * hd:(h + 1) * hd] for h in range(heads)], axis=1)   # (B, H, T, Dh)
+    assert out.shape == (b, heads, t, hd), f"split_heads of {x.shape} with {heads} heads: {out.shape}; expected {(b, heads, t, hd)}"
+    np.testing.assert_array_equal(out.data, expected, err_msg="head h holds features h*Dh .. (h+1)*Dh-1 of every position")
+    assert np.shares_memory(out.data, x), "splitting a contiguous (B, T, E) input into heads needs no copy"
+
+
 @pytest.mark.exercise("12.6", "MultiHeadAttention.merge_heads")
 def test_cross_attention_shapes_and_merge_inverts_split():
     mha = MultiHeadAttention(6, 3, rng=0)
@@ -385,7 +411,7 @@ def test_bad_configuration_is_named(args, words):
     with pytest.raises(ValueError) as info:
         MultiHeadAttention(*args)
     for w in words:
-        assert w in str(info.value)
+        assert w in str(info.value), f"MultiHeadAttention{args}: the error must name {w!r}; got: {info.value}"
 
 
 def test_wrong_input_width_is_named():
@@ -506,7 +532,8 @@ def test_a_query_with_no_key_gets_a_zero_attention_output_not_nan():
     xt = Tensor(x, requires_grad=True)
     out = mha(xt, key_padding_mask=pad, is_causal=True)
     out.sum().backward()
-    assert np.isfinite(out.data).all() and np.isfinite(xt.grad.data).all()
+    assert np.isfinite(out.data).all(), f"a padding query with no key to see must get a finite output, not NaN: {out.data[1, :2]}"
+    assert np.isfinite(xt.grad.data).all(), "the input gradient must stay finite when a query sees no key"
     np.testing.assert_allclose(out.data[1, :2], np.broadcast_to(mha.out_proj.bias.data, (2, 8)), rtol=0, atol=1e-6,
                                err_msg="a query that may attend to no key: zero attention, so the output is out_proj's bias")
     q = Tensor(np.ones((1, 2, 3), np.float32), requires_grad=True)
@@ -537,6 +564,7 @@ def test_left_padded_batch_decoded_with_a_cache_equals_each_sequence_alone():
         np.testing.assert_allclose(steps[i][1, 0], alone[1][0, 3 + i], rtol=1e-5, atol=1e-5, err_msg=f"step {i}, prompt b")
 
 
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
 @pytest.mark.parametrize("pad, message", [
     (np.zeros((2, 4), np.int64), "MultiHeadAttention: key_padding_mask must be boolean (True = padding, ignored); got "
                                  "dtype int64. From an attention_mask of 1 (keep) / 0 (pad) pass attention_mask == 0"),
@@ -546,17 +574,17 @@ def test_left_padded_batch_decoded_with_a_cache_equals_each_sequence_alone():
 def test_bad_key_padding_mask_is_named(pad, message):
     with pytest.raises((TypeError, ValueError)) as info:
         MultiHeadAttention(8, 2, rng=0)(Tensor(np.ones((2, 4, 8), np.float32)), key_padding_mask=pad)
-    assert str(info.value) == message
+    assert str(info.value) == message, f"error text: {info.value}\nexpected:   {message}"
 
 
 def test_concat_cache_appends_and_names_bad_shapes():
     cache = ConcatCache()
-    assert cache.seq_len == 0
+    assert cache.seq_len == 0, f"an empty cache holds 0 positions; got {cache.seq_len}"
     k1, v1 = Tensor(np.ones((1, 2, 3, 4), np.float32)), Tensor(np.zeros((1, 2, 3, 5), np.float32))
     k, v = cache.update(k1, v1)
-    assert k.shape == (1, 2, 3, 4) and v.shape == (1, 2, 3, 5) and cache.seq_len == 3
+    assert k.shape == (1, 2, 3, 4) and v.shape == (1, 2, 3, 5) and cache.seq_len == 3, f"first update: {k.shape}, {v.shape}"
     k, v = cache.update(Tensor(np.full((1, 2, 1, 4), 2.0, np.float32)), Tensor(np.ones((1, 2, 1, 5), np.float32)))
-    assert k.shape == (1, 2, 4, 4) and v.shape == (1, 2, 4, 5) and cache.seq_len == 4
+    assert k.shape == (1, 2, 4, 4) and v.shape == (1, 2, 4, 5) and cache.seq_len == 4, f"second update: {k.shape}, {v.shape}"
     assert k.data[0, 0, :, 0].tolist() == [1, 1, 1, 2], "new keys go after the cached ones"
     with pytest.raises(ValueError, match=r"ConcatCache.update: new keys \(1, 3, 1, 4\) do not continue the cached keys \(1, 2, 4, 4\)"):
         cache.update(Tensor(np.ones((1, 3, 1, 4))), Tensor(np.ones((1, 3, 1, 5))))
@@ -629,4 +657,4 @@ def test_a_cached_step_costs_the_predicted_flops_and_the_cache_holds_2E_numbers_
     with flop_counter, torch.no_grad():
         for a, b in counter.shapes:
             torch.matmul(torch.zeros(a), torch.zeros(b))
-    assert flop_counter.get_total_flops() == counter.flops
+    assert flop_counter.get_total_flops() == counter.flops, f"FlopCounterMode {flop_counter.get_total_flops():,} vs records {counter.flops:,}"
