@@ -119,7 +119,7 @@ class MaskedSoftmax(Function):
         """The weights: a softmax of each row over the entries the mask leaves, zero elsewhere.
 
         TODO (Exercise 12.3): the masked, numerically stable softmax along the last axis; save
-        what backward needs with `ctx.save`.
+        the weights (and only them) with `ctx.save`: backward's given first line reads them back.
 
         CONTRACT:
         - Masked entries (True in `mask`) and entries of `scores` equal to `-inf` (an additive
