@@ -109,6 +109,10 @@ def test_magnitude_mask_matches_torch_prune(shape, sparsity, seed):
         f"a boolean mask of shape {w.shape}; got {type(got).__name__} {getattr(got, 'dtype', '')} {getattr(got, 'shape', '')}"
     k = round(sparsity * w.size)
     assert int((~got).sum()) == k, f"sparsity {sparsity} of {w.size} weights prunes round(s * n) = {k}; got {int((~got).sum())}"
+    if 0 < k < w.size:
+        assert np.abs(w[~got]).max() < np.abs(w[got]).min(), (
+            f"shape {w.shape}, sparsity {sparsity}: every pruned weight must be smaller than every kept one; the "
+            f"largest pruned |w| is {np.abs(w[~got]).max():.4g}, the smallest kept {np.abs(w[got]).min():.4g}")
     torch = torch_or_none()
     if torch is not None:
         prune = pytest.importorskip("torch.nn.utils.prune")
@@ -118,8 +122,6 @@ def test_magnitude_mask_matches_torch_prune(shape, sparsity, seed):
         expected = layer.weight_mask.numpy().astype(bool)
         assert np.array_equal(got, expected), \
             f"shape {w.shape}, sparsity {sparsity}: {int((got != expected).sum())} positions differ from torch's l1_unstructured mask"
-    elif 0 < k < w.size:
-        assert np.abs(w[~got]).max() < np.abs(w[got]).min(), "every pruned weight must be smaller than every kept one"
 
 
 @pytest.mark.exercise("16.1", "magnitude_mask")
@@ -158,6 +160,11 @@ def test_global_masks_match_torch_global_unstructured(layer_shapes, sparsity, se
         f"one mask per weight of its shape; got {[np.shape(m) for m in got] if isinstance(got, list) else type(got).__name__}"
     k = round(sparsity * pool.size)
     assert sum(int((~np.asarray(m)).sum()) for m in got) == k, f"sparsity {sparsity} of {pool.size} weights prunes {k} in all"
+    if 0 < k < pool.size:
+        kept = np.concatenate([np.abs(w[m]) for w, m in zip(ws, got)])
+        gone = np.concatenate([np.abs(w[~m]) for w, m in zip(ws, got)])
+        assert gone.max() < kept.min(), (f"one global threshold: every pruned weight is smaller than every kept one; the "
+                                         f"largest pruned |w| is {gone.max():.4g}, the smallest kept {kept.min():.4g}")
     torch = torch_or_none()
     if torch is not None:
         prune = pytest.importorskip("torch.nn.utils.prune")
@@ -171,10 +178,6 @@ def test_global_masks_match_torch_global_unstructured(layer_shapes, sparsity, se
         for i, (m, layer) in enumerate(zip(got, layers)):
             expected = layer.weight_mask.numpy().astype(bool)
             assert np.array_equal(m, expected), f"weight {i} of {len(ws)}, sparsity {sparsity}: differs from torch's global_unstructured mask"
-    elif 0 < k < pool.size:
-        kept = np.concatenate([np.abs(w[m]) for w, m in zip(ws, got)])
-        gone = np.concatenate([np.abs(w[~m]) for w, m in zip(ws, got)])
-        assert gone.max() < kept.min(), "one global threshold: every pruned weight is smaller than every kept one"
 
 
 @pytest.mark.exercise("16.2", "global_magnitude_masks")
