@@ -18,9 +18,9 @@ from .measure import Timing, time_call
 
 # %% auto #0
 __all__ = ['DATA_MOVEMENT_OPS', 'GATHER_OPS', 'SORT_KEYS', 'GROUP_KEYS', 'op_flops', 'op_bytes', 'arithmetic_intensity',
-           'input_shapes', 'FlopCount', 'count_flops', 'count_parameters', 'parameter_bytes', 'module_path_hooks',
-           'Event', 'record_function', 'Profiler', 'summarize', 'format_table', 'graph_memory', 'latency',
-           'peak_matmul_flops', 'memory_bandwidth', 'roofline', 'amdahl']
+           'input_shapes', 'FlopCount', 'FlopCounter', 'count_flops', 'count_parameters', 'parameter_bytes',
+           'ModulePaths', 'Event', 'record_function', 'Profiler', 'summarize', 'format_table', 'graph_memory',
+           'latency', 'peak_matmul_flops', 'memory_bandwidth', 'roofline', 'amdahl']
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-op-flops
 # Ops that only rearrange or select numbers: no arithmetic at all.
@@ -126,16 +126,40 @@ class FlopCount:
         return f"{self.matmul:,} matmul/conv FLOPs + {self.other:,} other (elementwise, reductions)"
 
 
+class FlopCounter:
+    "An op observer (`fn(node, out)`) that adds up `op_flops` per op name in `by_op`."
+
+    def __init__(self):
+        self.by_op = {}   # op name -> [matmul_flops, other_flops]
+
+    def __call__(self, node, out) -> None:
+        """Count one op record.
+
+        TODO (Exercise 14.3a): add the two counts of `op_flops` for this record to the entry of its
+        op name in `self.by_op` (a new entry starts at `[0, 0]`).
+
+        CONTRACT: `node.op` is the op's name, `node.shape` the result's shape; `by_op` values are
+        two-element lists of Python ints; returns None.
+
+        HINTS: `input_shapes` above; `dict.setdefault`.
+        """
+        ### BEGIN SOLUTION
+        mm, other = op_flops(node.op, input_shapes(node), node.shape)
+        entry = self.by_op.setdefault(node.op, [0, 0])
+        entry[0] += mm
+        entry[1] += other
+        ### END SOLUTION
+
+
 def count_flops(model, *inputs) -> FlopCount:
     """The forward FLOPs of `model(*inputs)`, counted from the op records.
 
-    TODO (Exercise 14.3): run the forward pass once, without building a graph, with an op observer
-    that adds up `op_flops` of every op it sees.
+    TODO (Exercise 14.3b): run the forward pass once, without building a graph, with a
+    `FlopCounter` observing every op; return the totals as a `FlopCount`.
 
     CONTRACT:
     - No graph is built, yet every op is counted (observers see ops in any grad mode).
-    - `by_op` maps each op name seen to `[matmul_flops, other_flops]`, summed over its calls;
-      `matmul` and `other` are the sums over all ops.
+    - `matmul` and `other` are the sums over all ops of `by_op`'s two numbers.
     - The observer is removed when the call returns, also when the model raises.
     - `model` is any callable: a `Module`, a function.
 
@@ -143,20 +167,13 @@ def count_flops(model, *inputs) -> FlopCount:
     `other == 128` (the bias add) and `by_op == {"permute": [0, 0], "matmul": [8192, 0], "add":
     [0, 128]}`.
 
-    HINTS: `no_grad` (module 06) and `observe_ops` (module 01) are both `with` blocks; an observer
-    is called as `fn(node, out)`; `input_shapes` and `op_flops` above; `dict.setdefault`.
+    HINTS: `no_grad` (module 06) and `observe_ops` (module 01) are both `with` blocks.
     """
     ### BEGIN SOLUTION
-    by_op = {}
-
-    def observe(node, out):
-        mm, other = op_flops(node.op, input_shapes(node), node.shape)
-        entry = by_op.setdefault(node.op, [0, 0])
-        entry[0] += mm
-        entry[1] += other
-
-    with no_grad(), observe_ops(observe):
+    counter = FlopCounter()
+    with no_grad(), observe_ops(counter):
         model(*inputs)
+    by_op = counter.by_op
     return FlopCount(sum(v[0] for v in by_op.values()), sum(v[1] for v in by_op.values()), by_op)
     ### END SOLUTION
 
@@ -171,39 +188,62 @@ def parameter_bytes(model: Module) -> int:
     return sum(p.data.nbytes for _, p in model.named_parameters())
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-module-paths
-def module_path_hooks(model: Module, stack: list) -> list:
-    """Keep `stack[-1]` equal to the path of the module that is running, e.g. `"blocks.0.attn.q_proj"`.
+class ModulePaths:
+    """Keeps `stack[-1]` equal to the path of the module that is running, e.g. `"blocks.0.attn.q_proj"`.
 
-    TODO (Exercise 14.4): for every module of `model`, a forward pre-hook that pushes its path on
-    `stack` and a forward hook that pops it. Return the handles.
-
-    CONTRACT:
-    - Paths are the names of `model.named_modules()`: `""` for `model` itself.
-    - While a module's forward runs, `stack[-1]` is its path; nested modules push on top and pop
-      back, so after `model(x)` the stack is as it was before.
-    - Both hooks return None (anything else would replace the arguments or the output).
-    - Returns the handles, two per module; `handle.remove()` on every one undoes everything.
-
-    EXAMPLE: inside the first layer of `Sequential(Linear(4, 8), ReLU())`, `stack[-1] ==
-    "layers.0"`.
-
-    HINTS: `Module.named_modules`, `register_forward_pre_hook`, `register_forward_hook`; a function
-    defined in a loop sees the loop variable's *last* value unless you bind it as a default
-    argument.
+    `ModulePaths(stack=None).attach(model)` registers the hooks; `remove()` unregisters them. The
+    paths are the names of `model.named_modules()`: `""` for `model` itself.
     """
-    ### BEGIN SOLUTION
-    handles = []
-    for name, module in model.named_modules():
-        def push(module, args, name=name):
-            stack.append(name)
 
-        def pop(module, args, output):
-            stack.pop()
+    def __init__(self, stack: list | None = None):
+        self.stack = [] if stack is None else stack
+        self.names = {}     # id(module) -> its path
+        self.handles = []
 
-        handles.append(module.register_forward_pre_hook(push))
-        handles.append(module.register_forward_hook(pop))
-    return handles
-    ### END SOLUTION
+    def attach(self, model: Module) -> "ModulePaths":
+        """Hook every module of `model`; returns `self`.
+
+        TODO (Exercise 14.4a): for every module of `model`, remember its path in `self.names`
+        (keyed by the module's `id`), register `self.push` as its forward pre-hook and `self.pop`
+        as its forward hook, and keep both handles in `self.handles`.
+
+        CONTRACT: two handles per module; `remove()` undoes everything.
+
+        HINTS: `Module.named_modules`, `register_forward_pre_hook`, `register_forward_hook`.
+        """
+        ### BEGIN SOLUTION
+        for name, module in model.named_modules():
+            self.names[id(module)] = name
+            self.handles.append(module.register_forward_pre_hook(self.push))
+            self.handles.append(module.register_forward_hook(self.pop))
+        return self
+        ### END SOLUTION
+
+    def push(self, module, args) -> None:
+        """Forward pre-hook: put `module`'s path on top of the stack.
+
+        TODO (Exercise 14.4b). CONTRACT: returns None (a pre-hook that returns something replaces
+        the module's arguments).
+        """
+        ### BEGIN SOLUTION
+        self.stack.append(self.names[id(module)])
+        ### END SOLUTION
+
+    def pop(self, module, args, output) -> None:
+        """Forward hook: take the top path off the stack.
+
+        TODO (Exercise 14.4c). CONTRACT: returns None (a hook that returns something replaces the
+        module's output); after `model(x)` the stack is as it was before.
+        """
+        ### BEGIN SOLUTION
+        self.stack.pop()
+        ### END SOLUTION
+
+    def remove(self) -> None:
+        "Unregister every hook (twice is harmless)."
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-event
 @dataclass(slots=True)
@@ -288,7 +328,7 @@ class Profiler:
     def __enter__(self) -> "Profiler":
         self.events, self.spans, self._stack, self._starts, self._op_ns = [], [], [], [], 0
         if self.model is not None:
-            self._handles = module_path_hooks(self.model, self._stack) + self._span_hooks(self.model)
+            self._handles = ModulePaths(self._stack).attach(self.model).handles + self._span_hooks(self.model)
         self._handles.append(add_op_observer(self._on_op))
         _ACTIVE.append(self)
         self._t0 = self._last = time.perf_counter_ns()
@@ -578,7 +618,8 @@ def amdahl(fraction: float, speedup: float) -> float:
 
     CONTRACT: the rest of the time, `1 - fraction`, is unchanged. A `fraction` outside [0, 1]
     raises ValueError("amdahl: fraction must be in [0, 1]; got 1.5") and a `speedup` that is not
-    positive ValueError("amdahl: speedup must be > 0; got 0").
+    positive ValueError("amdahl: speedup must be > 0; got 0"). The whole time made free
+    (`fraction=1`, `speedup=math.inf`) is an infinite speedup, `math.inf`.
 
     EXAMPLE: `amdahl(0.5, 2)` is `1.333...`; `amdahl(0.5, math.inf)` is `2.0`; `amdahl(0, 10)` is 1.
     """
@@ -587,5 +628,6 @@ def amdahl(fraction: float, speedup: float) -> float:
         raise ValueError(f"amdahl: fraction must be in [0, 1]; got {fraction}")
     if not speedup > 0:
         raise ValueError(f"amdahl: speedup must be > 0; got {speedup}")
-    return 1.0 / ((1.0 - fraction) + fraction / speedup)
+    remaining = (1.0 - fraction) + fraction / speedup
+    return 1.0 / remaining if remaining else math.inf
     ### END SOLUTION
