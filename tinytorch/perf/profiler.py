@@ -259,7 +259,7 @@ class Event:
     module: str
     input_shapes: tuple
     output_shape: tuple
-    dtype: str
+    dtype: object           # the result's NumPy dtype (== "float32"); "" for a span
     start_ns: int
     dur_ns: int
     flops: int = 0          # matmul / convolution FLOPs, as FlopCounterMode counts
@@ -383,13 +383,14 @@ class Profiler:
           `start_ns` is measured from `self._t0`, its `dur_ns` is the gap. Add the gap to
           `self._op_ns`.
         - `name` is the op's name; `module` the top of `self._stack` (`""` when it is empty);
-          `input_shapes` as `input_shapes` gives them; `output_shape` and `dtype` (as a string,
-          `"float32"`) from the record.
+          `input_shapes` as `input_shapes` gives them; `output_shape` and `dtype` from the record
+          (the NumPy dtype itself: it compares equal to its name, `"float32"`, and converting it to
+          a string costs more than everything else here together).
         - `flops` and `other_flops` from `op_flops`; `bytes_read` and `bytes_written` from
           `op_bytes` on the operands' arrays (None for a constant operand) and the result's array.
         - Last, set `self._last` to a *new* reading of the clock, taken after all this work.
 
-        HINTS: `input_shapes`, `op_flops`, `op_bytes`, `Event`; `str` of a NumPy dtype is its name.
+        HINTS: `input_shapes`, `op_flops`, `op_bytes`, `Event`.
         """
         ### BEGIN SOLUTION
         now = time.perf_counter_ns()
@@ -399,7 +400,7 @@ class Profiler:
         flops, other = op_flops(node.op, shapes, node.shape)
         read, written = op_bytes(node.op, [None if t is None else t.data for t in node.inputs], out.data)
         module = self._stack[-1] if self._stack else ""
-        self.events.append(Event(node.op, module, shapes, node.shape, str(node.dtype), self._last - self._t0, gap,
+        self.events.append(Event(node.op, module, shapes, node.shape, node.dtype, self._last - self._t0, gap,
                                  flops, other, read, written))
         self._last = time.perf_counter_ns()
         ### END SOLUTION
@@ -435,7 +436,7 @@ class Profiler:
             if e.kind == "op":
                 trace.append({"name": e.name, "cat": "op", "ph": "X", "ts": e.start_ns / 1e3, "dur": e.dur_ns / 1e3,
                               "pid": pid, "tid": 0, "args": {
-                                  "module": e.module, "output_shape": list(e.output_shape), "dtype": e.dtype,
+                                  "module": e.module, "output_shape": list(e.output_shape), "dtype": str(e.dtype),
                                   "input_shapes": [None if s is None else list(s) for s in e.input_shapes],
                                   "flops": e.flops, "other_flops": e.other_flops,
                                   "bytes_read": e.bytes_read, "bytes_written": e.bytes_written}})
