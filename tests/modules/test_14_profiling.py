@@ -416,7 +416,11 @@ def test_summarize_keeps_every_total_and_sorts(raw, group_by, sort_by):
                          ("other_flops", sum(e.other_flops for e in events)), ("bytes", sum(e.bytes for e in events)),
                          ("calls", len(events))):
         assert sum(r[field] for r in rows) == total, f"the rows' {field} must add up to the events' total"
-    value = {"time": lambda r: r["time_ns"], "flops": lambda r: r["flops"] + r["other_flops"], "memory": lambda r: r["bytes"]}[sort_by]
+    fields = {"time": ("time_ns",), "flops": ("flops", "other_flops"), "memory": ("bytes",)}[sort_by]
+
+    def value(row):
+        return sum(row[f] for f in fields)
+
     assert [value(r) for r in rows] == sorted((value(r) for r in rows), reverse=True)
     first_seen = list(dict.fromkeys(keys))
     for r1, r2 in zip(rows, rows[1:]):
