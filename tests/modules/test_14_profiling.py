@@ -175,7 +175,7 @@ def torch_attention(torch, x, heads, causal=True):
     F = torch.nn.functional
     b, t, e = x.shape
     d = e // heads
-    w = torch.zeros(e, e)
+    w = torch.zeros(e, e, requires_grad=True)   # a weight, as nn.Linear's: its gradient counts in backward
     q, k, v = (F.linear(x, w, torch.zeros(e)).reshape(b, t, heads, d).transpose(1, 2) for _ in range(3))
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)
     if causal:
@@ -282,7 +282,8 @@ def test_every_op_of_a_gpt_step_gets_its_module_path():
     assert len(q_proj) == 1 and q_proj[0].input_shapes == ((B, T, E), (E, E)) and q_proj[0].output_shape == (B, T, E)
     assert prof._stack == [], f"the path stack is empty after the step: {prof._stack}"
     assert not any(m._forward_hooks or m._forward_pre_hooks for _, m in model.named_modules()), "all hooks removed"
-    assert prof.total_flops() == count_flops(model, ids).matmul, "the profile of a step counts the forward's FLOPs"
+    assert sum(e.flops for e in prof.events if e.kind == "op") == count_flops(model, ids).matmul, \
+        "the forward ops of a profiled step count the forward's FLOPs"
 
 
 @pytest.mark.exercise("14.4", "ModulePaths.pop")
@@ -365,7 +366,7 @@ def test_chrome_trace_loads_with_the_required_fields_and_nests_ops_in_modules(tm
         assert isinstance(e["name"], str) and e["ph"] in ("X", "M") and isinstance(e["pid"], int) and isinstance(e["tid"], int), e
         if e["ph"] == "X":
             assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0 and isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
-            assert e["cat"] in ("op", "module", "user"), e
+            assert e["cat"] in ("op", "backward", "module", "user"), e
     ops = [e for e in events if e.get("cat") == "op"]
     assert len(ops) == sum(ev.kind == "op" for ev in prof.events)
     for e in ops:
@@ -449,7 +450,9 @@ def test_profiler_table_of_a_cnn_step():
         with record_function("backward"):
             loss.backward()
     by_module = {r["key"]: r for r in summarize(prof.events, group_by="module", sort_by="flops")}
-    assert by_module["layers.0"]["flops"] == 2 * 8 * 4 * 64 * 9, by_module["layers.0"]
+    conv = 2 * 8 * 4 * 64 * 9
+    assert by_module["layers.0"]["flops"] == 2 * conv, \
+        f"first convolution: forward {conv:,} + the weight's gradient {conv:,} (the images need none); got {by_module['layers.0']}"
     assert list(by_module)[0] == "layers.0", "the convolution has the most FLOPs"
     text = prof.table(sort_by="memory", group_by="module")
     assert "layers.0" in text and "(top level)" in text and text.splitlines()[-1].startswith("total:")
@@ -520,3 +523,59 @@ def test_latency_times_one_call_per_repeat():
     timing = latency(lambda: calls.append(1), warmup=3, repeats=7)
     assert len(calls) == 10 and timing.number == 1 and len(timing.times) == 7
     assert timing.best <= timing.median <= timing.percentile(90) <= max(timing.times)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward rules: timed while the profiler is active, FLOPs of a whole training step
+# ---------------------------------------------------------------------------------------------
+def rules_now():
+    from tinytorch.core import autograd
+    from tinytorch.core import tensor as tensor_module
+
+    return dict(autograd.BACKWARD_RULES), {cls: cls.__dict__["rule"] for cls in tensor_module._NODE_TYPES.values()
+                                           if cls.__dict__.get("rule") is not None}
+
+
+@pytest.mark.exercise("14.5", "Profiler._on_op")
+@pytest.mark.parametrize("V,T,E,H,L,B", [(37, 8, 16, 4, 2, 2), (29, 12, 24, 3, 1, 3)])
+def test_training_step_flops_forward_and_backward_equal_flop_counter_mode(V, T, E, H, L, B):
+    model = GPT(V, T, E, H, L, rng=0)
+    ids = np.random.default_rng(1).integers(0, V, (B, T))
+    before = rules_now()
+    with Profiler(model) as prof:
+        gpt_step(model, ids, V)
+    assert rules_now() == before, "the backward rules must be put back when the profiler exits"
+    forward = sum(e.flops for e in prof.events if e.kind == "op")
+    backward = sum(e.flops for e in prof.events if e.kind == "backward")
+    torch = torch_or_none()
+    if torch is None:
+        expected_fwd = L * 2 * B * T * (12 * E * E + 2 * T * E) + 2 * B * T * E * V
+        expected = 3 * expected_fwd   # every matmul operand of the GPT needs a gradient: two matmuls back per matmul
+    else:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with counter:
+            logits, _ = torch_gpt_forward(torch, V, T, E, H, L, ids)
+            torch.nn.functional.cross_entropy(logits.reshape(-1, V), torch.tensor(ids).reshape(-1)).backward()
+        expected = counter.get_total_flops()
+    assert forward + backward == prof.total_flops() == expected, \
+        f"training step: forward {forward:,} + backward {backward:,} FLOPs; FlopCounterMode counts {expected:,}"
+    names = {e.name for e in prof.events if e.kind == "backward"}
+    assert {"MatmulBackward", "LayerNormFunctionBackward", "EmbeddingLookupBackward", "CrossEntropyBackward"} <= names, names
+    q = [e for e in prof.events if e.kind == "backward" and e.name == "MatmulBackward" and e.module == "blocks.0.attn.q_proj"]
+    assert len(q) == 1 and q[0].flops == 2 * 2 * B * T * E * E, "q_proj's backward: grad of input and of weight"
+
+
+@pytest.mark.exercise("14.5", "Profiler._on_op")
+def test_rules_are_put_back_after_an_error_and_without_backward_nothing_is_swapped():
+    before = rules_now()
+    with pytest.raises(ZeroDivisionError):
+        with Profiler():
+            1 / 0
+    assert rules_now() == before
+    x = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    with Profiler(backward=False) as prof:
+        assert rules_now() == before, "backward=False swaps no rule"
+        (x * x).sum().backward()
+    assert [e.kind for e in prof.events] == ["op", "op"] and x.grad is not None

@@ -248,7 +248,8 @@ class ModulePaths:
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-event
 @dataclass(slots=True)
 class Event:
-    """One recorded op (`kind="op"`), or a user span's own time (`kind="span"`, e.g. `"backward"`).
+    """One recorded op (`kind="op"`), one backward rule (`kind="backward"`, named like `MatmulBackward`),
+    or a user span's own time (`kind="span"`, e.g. `"backward"`: the traversal around the rules).
 
     Times in nanoseconds from the profiler's start. `dur_ns` of an op runs from the end of what the
     profiler saw before it (the previous op, a module boundary) to the moment its result was made,
@@ -298,6 +299,55 @@ class record_function:
             p._close_span(self.name, mark)
         return False
 
+
+# ----- backward rules, timed while a profiler with backward=True is active -----
+_SAVED_RULES: dict = {}   # what the rules were before wrapping: {"table": {...}, "types": {node type: rule}}
+_BACKWARD_USERS = 0       # active profilers that time backward rules
+
+
+def _timed_rule(rule):
+    "`rule(grad, node)` that also reports its wall time to every active profiler."
+    def timed(grad, node):
+        t0 = time.perf_counter_ns()
+        grads = rule(grad, node)
+        t1 = time.perf_counter_ns()
+        for p in _ACTIVE:
+            p._on_backward(node, grad, grads, t0, t1)
+        return grads
+    return timed
+
+
+def _wrap_backward_rules() -> None:
+    """Time every backward rule: module 06's `BACKWARD_RULES` and the `rule` of every `Function`'s
+    node type are replaced by timed versions until `_unwrap_backward_rules` puts them back."""
+    global _BACKWARD_USERS
+    _BACKWARD_USERS += 1
+    if _BACKWARD_USERS > 1:
+        return
+    from tinytorch.core import autograd
+    from tinytorch.core import tensor as tensor_module
+
+    _SAVED_RULES["table"] = dict(autograd.BACKWARD_RULES)
+    _SAVED_RULES["types"] = {cls: cls.__dict__["rule"] for cls in list(tensor_module._NODE_TYPES.values())
+                             if cls.__dict__.get("rule") is not None}
+    for op, rule in _SAVED_RULES["table"].items():
+        autograd.BACKWARD_RULES[op] = _timed_rule(rule)
+    for cls, rule in _SAVED_RULES["types"].items():
+        cls.rule = staticmethod(_timed_rule(rule.__func__ if isinstance(rule, staticmethod) else rule))
+
+
+def _unwrap_backward_rules() -> None:
+    global _BACKWARD_USERS
+    _BACKWARD_USERS -= 1
+    if _BACKWARD_USERS > 0:
+        return
+    from tinytorch.core import autograd
+
+    autograd.BACKWARD_RULES.clear()
+    autograd.BACKWARD_RULES.update(_SAVED_RULES.pop("table"))
+    for cls, rule in _SAVED_RULES.pop("types").items():
+        cls.rule = rule
+
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-profiler
 class Profiler:
     """Record every op run inside `with Profiler(model) as prof:`, in the shape of `torch.profiler.profile`.
@@ -309,13 +359,17 @@ class Profiler:
     a trace for Perfetto or chrome://tracing (module spans nest their ops), `prof.total_flops()`
     sums the matmul/convolution FLOPs. Ops are seen through an op observer (module 01), module
     paths through forward hooks (module 03); `record_function` marks spans that are not Tensor
-    ops (backward, the optimizer step).
+    ops (the optimizer step). With `backward=True` (the default) every backward rule that runs
+    inside the block is timed too (the rules of module 06's `BACKWARD_RULES` and of each
+    `Function` are swapped for timed versions while the profiler is active, and put back when
+    it exits): an event of kind `"backward"` per rule, charged to its forward op's module.
     """
 
-    def __init__(self, model: Module | None = None):
+    def __init__(self, model: Module | None = None, backward: bool = True):
         if model is not None and not isinstance(model, Module):
             raise TypeError(f"Profiler: model must be a tinytorch Module or None; got {type(model).__name__}")
-        self.model = model
+        self.model, self.backward = model, bool(backward)
+        self._node_module: dict = {}   # id of a recorded node -> the module its forward ran in
         self.events: list = []
         self.spans: list = []   # (name, category, start_ns, end_ns, depth): modules and record_function
         self._stack: list = []  # module paths, innermost last (Exercise 14.4 keeps it)
@@ -330,6 +384,10 @@ class Profiler:
         if self.model is not None:
             self._handles = ModulePaths(self._stack).attach(self.model).handles + self._span_hooks(self.model)
         self._handles.append(add_op_observer(self._on_op))
+        self._node_module = {}
+        if self.backward:
+            self._handles.append(add_op_observer(self._remember_module))
+            _wrap_backward_rules()
         _ACTIVE.append(self)
         self._t0 = self._last = time.perf_counter_ns()
         return self
@@ -340,6 +398,9 @@ class Profiler:
         self._handles = []
         if self in _ACTIVE:
             _ACTIVE.remove(self)
+            if self.backward:
+                _unwrap_backward_rules()
+        self._node_module = {}
         return False
 
     def _span_hooks(self, model: Module) -> list:
@@ -370,6 +431,33 @@ class Profiler:
         self.events.append(Event(name, self._stack[-1] if self._stack else "", (), (), "", start - self._t0,
                                  max(own, 0), kind="span"))
         self.spans.append((name, "user", start - self._t0, now - self._t0, depth))
+        self._last = time.perf_counter_ns()
+
+    def _remember_module(self, node, out) -> None:
+        "Observer: the module of each op that joined the graph, for its backward event."
+        if out.grad_fn is node:
+            self._node_module[id(node)] = self._stack[-1] if self._stack else ""
+
+    def _on_backward(self, node, grad, grads, t0: int, t1: int) -> None:
+        """One backward rule ran from `t0` to `t1`: an event of kind "backward" named like PyTorch's
+        autograd nodes (`MatmulBackward`), charged to the module of its forward op. FLOPs: the
+        forward's matmul count once per operand that needs a gradient (the backward of `a @ b` is
+        two matmuls of the same size), the rest once; bytes: the gradient and the operands read, the
+        gradients written (an estimate: saved arrays are not counted apart). As FlopCounterMode
+        does, a convolution's backward counts the weight's gradient, and the input's only when the
+        input needs one (the first layer's does not)."""
+        if id(node) not in self._node_module:      # a graph recorded before this profiler started
+            return
+        dur = t1 - t0
+        self._op_ns += dur
+        shapes = input_shapes(node)
+        mm, other = op_flops(node.op, shapes, node.shape)
+        needs = sum(1 for t in node.inputs[:2] if t is not None and t.requires_grad)   # the two matmul operands
+        written = sum(g.nbytes for g in grads if isinstance(g, np.ndarray)) if isinstance(grads, (tuple, list)) else 0
+        read = int(getattr(grad, "nbytes", 0)) + sum(t.data.nbytes for t in node.inputs if t is not None)
+        self.events.append(Event(type(node).__name__, self._node_module.get(id(node), ""), shapes, node.shape,
+                                 node.dtype, t0 - self._t0, dur, mm * needs, other, read, int(written),
+                                 kind="backward"))
         self._last = time.perf_counter_ns()
 
     # ----- the observer -----
@@ -407,7 +495,7 @@ class Profiler:
 
     # ----- results -----
     def total_flops(self, include_other: bool = False) -> int:
-        "Matmul and convolution FLOPs of the recorded ops (FlopCounterMode's count); with the rest if asked."
+        "Matmul and convolution FLOPs of the recorded ops and backward rules (FlopCounterMode's count); with the rest if asked."
         return sum(e.flops + (e.other_flops if include_other else 0) for e in self.events)
 
     def total_time(self) -> float:
@@ -422,9 +510,9 @@ class Profiler:
         """Write the profile as Chrome trace JSON (Perfetto, chrome://tracing); returns the path.
 
         Module forwards and `record_function` spans are complete events (`"ph": "X"`) of category
-        `"module"` / `"user"` containing the op events (category `"op"`, with shapes, dtype, FLOPs
-        and bytes in `args`) that ran inside them; times in microseconds. A path that cannot be
-        written raises OSError naming it.
+        `"module"` / `"user"` containing the op events (category `"op"`, or `"backward"` for a
+        backward rule; shapes, dtype, FLOPs and bytes in `args`) that ran inside them; times in
+        microseconds. A path that cannot be written raises OSError naming it.
         """
         path = os.fspath(path)
         pid = os.getpid()
@@ -433,8 +521,8 @@ class Profiler:
             trace.append({"name": name, "cat": cat, "ph": "X", "ts": start / 1e3, "dur": (end - start) / 1e3,
                           "pid": pid, "tid": 0, "args": {"depth": depth}})
         for e in self.events:
-            if e.kind == "op":
-                trace.append({"name": e.name, "cat": "op", "ph": "X", "ts": e.start_ns / 1e3, "dur": e.dur_ns / 1e3,
+            if e.kind in ("op", "backward"):
+                trace.append({"name": e.name, "cat": e.kind, "ph": "X", "ts": e.start_ns / 1e3, "dur": e.dur_ns / 1e3,
                               "pid": pid, "tid": 0, "args": {
                                   "module": e.module, "output_shape": list(e.output_shape), "dtype": str(e.dtype),
                                   "input_shapes": [None if s is None else list(s) for s in e.input_shapes],
