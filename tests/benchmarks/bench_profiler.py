@@ -7,8 +7,9 @@ vocabulary 65; forward, cross-entropy, backward, SGD update. Rows, interleaved r
 that all see the same machine load:
 
 - the plain step;
-- the same step inside `with Profiler(model):` (an event per op with shapes, FLOPs, bytes and
-  module path; module spans from forward hooks; backward and update as `record_function` spans);
+- the same step inside `with Profiler(model):` (an event per forward op and per backward rule,
+  with shapes, FLOPs, bytes and module path; module spans from forward hooks; the backward pass
+  and the update as `record_function` spans);
 - a small GPT (1 layer, 32 dims, batch 2) both ways: there the step is a few milliseconds of
   small ops, the worst case for a per-op profiler;
 - for reference, PyTorch's own step plain and inside `torch.profiler.profile(record_shapes=True,
