@@ -47,7 +47,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except CourseError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}")
+            err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)  # a command in it stays on one line
             raise typer.Exit(2)
         except KeyboardInterrupt as e:
             signum = getattr(e, "signum", signal.SIGINT)
