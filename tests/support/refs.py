@@ -203,6 +203,32 @@ def embedding(weight, ids):
     return np.asarray(weight)[np.asarray(ids)]
 
 
+def embedding_grad_coo(ids, grad):
+    """The table's gradient in coordinate form, as torch's coalesced `nn.Embedding(sparse=True)` gradient:
+    (sorted distinct ids, the summed gradient row of each), by an explicit loop over positions."""
+    ids = np.asarray(ids).reshape(-1)
+    grad = np.asarray(grad, dtype=np.float64).reshape(ids.size, -1)
+    rows = sorted(set(ids.tolist()))
+    values = np.zeros((len(rows), grad.shape[1]))
+    where = {r: i for i, r in enumerate(rows)}
+    for n, r in enumerate(ids.tolist()):
+        values[where[r]] += grad[n]
+    return np.array(rows, dtype=np.int64), values
+
+
+def sinusoidal_positions(positions, dim):
+    """The encodings of "Attention Is All You Need" for the given positions, one element at a time:
+    column 2i is sin(p / 10000^(2i/dim)), column 2i + 1 its cosine."""
+    positions = np.asarray(positions)
+    out = np.zeros(positions.shape + (dim,))
+    for idx in np.ndindex(positions.shape):
+        p = float(positions[idx])
+        for j in range(dim):
+            angle = p / 10000.0 ** ((j - j % 2) / dim)
+            out[idx + (j,)] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return out
+
+
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     """softmax(q k^T * scale + mask) v, as `torch.nn.functional.scaled_dot_product_attention`.
 
