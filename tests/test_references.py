@@ -188,6 +188,9 @@ def test_numpy_references_agree_with_torch(family):
         close(refs.sdpa(q, k, v, mask=mask), sd(t(q), t(k), t(v), attn_mask=torch.from_numpy(mask)), "sdpa bool mask")
         close(refs.sdpa(q, k, v, mask=bias), sd(t(q), t(k), t(v), attn_mask=t(bias)), "sdpa float mask")
         close(refs.sdpa(q, k, v, is_causal=True), sd(t(q), t(k), t(v), is_causal=True), "sdpa is_causal")
+        from torch.nn.attention.bias import causal_lower_right
+        close(refs.sdpa(q, k, v, is_causal=True, causal_align="bottom_right"),
+              sd(t(q), t(k), t(v), attn_mask=causal_lower_right(4, 5)), "sdpa is_causal bottom-right")
         E, H = 6, 3
         mha = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
         xs = rng.standard_normal((2, 4, E))
@@ -198,6 +201,10 @@ def test_numpy_references_agree_with_torch(family):
         ours = refs.multi_head_attention(xs, xs, xs, *ws, num_heads=H, mask=causal)
         theirs = mha(t(xs), t(xs), t(xs), attn_mask=torch.from_numpy(~causal), need_weights=False)[0]
         close(ours, theirs, "multi_head_attention")
+        pad = np.array([[False, False, True, True], [False, False, False, False]])
+        ours = refs.multi_head_attention(xs, xs, xs, *ws, num_heads=H, key_padding_mask=pad)
+        theirs = mha(t(xs), t(xs), t(xs), key_padding_mask=torch.from_numpy(pad), need_weights=False)[0]
+        close(ours, theirs, "multi_head_attention key_padding_mask")
     elif family == "optimizers":
         for name, kw in [("SGD", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
                          ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinytorch.core.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from tinytorch.core.attention import ConcatCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from tinytorch.core.autograd import no_grad
 from tinytorch.core.tensor import Tensor
 from tests.support import params, refs
 from tests.support.families import check_row, family_rows
@@ -62,15 +63,19 @@ def run_both(q, k, v, **kw):
     ours = [Tensor(a, requires_grad=True) for a in (q, k, v)]
     out = scaled_dot_product_attention(*ours, **kw)
     (out * Tensor(up)).sum().backward()
+    rkw = dict(kw)  # the reference's keywords: torch's convention, boolean True = may attend
+    if "mask" in rkw and np.asarray(rkw["mask"]).dtype == bool:
+        rkw["mask"] = ~np.asarray(rkw["mask"])
     if torch is None:
-        fn = lambda *a: refs.sdpa(*a, **kw)  # noqa: E731
+        fn = lambda *a: refs.sdpa(*a, **rkw, causal_align="bottom_right")  # noqa: E731
         grads = numeric_grads(fn, [q, k, v], up)
         return out, ours, Reference(fn(q, k, v)), [Reference(g, g, ok) for g, ok in grads]
     theirs = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
-    tkw = dict(kw)
-    if "mask" in tkw:
-        tkw["attn_mask"] = torch.tensor(tkw.pop("mask"))
-    tout = torch.nn.functional.scaled_dot_product_attention(*theirs, **tkw)
+    if "mask" in rkw:
+        rkw["attn_mask"] = torch.tensor(rkw.pop("mask"))
+    if rkw.pop("is_causal", False):  # tinytorch's is_causal is torch's causal_lower_right
+        rkw["attn_mask"] = causal_lower_right(q.shape[-2], k.shape[-2])
+    tout = torch.nn.functional.scaled_dot_product_attention(*theirs, **rkw)
     (tout * torch.tensor(up)).sum().backward()
     return out, ours, tout, theirs
 
@@ -97,8 +102,9 @@ def test_sdpa_matches_torch(shapes, seed):
 def test_sdpa_causal_matches_torch(shapes, seed):
     rng = np.random.default_rng(seed)
     q_shape, k_shape, v_shape = shapes
-    k_shape = k_shape[:-2] + (q_shape[-2],) + k_shape[-1:]   # torch's is_causal needs Tq <= Tk to be row-safe
-    v_shape = v_shape[:-2] + (q_shape[-2],) + v_shape[-1:]
+    tk = max(q_shape[-2], k_shape[-2])                      # bottom-right alignment needs Tk >= Tq
+    k_shape = k_shape[:-2] + (tk,) + k_shape[-1:]
+    v_shape = v_shape[:-2] + (tk,) + v_shape[-1:]
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in (q_shape, k_shape, v_shape))
     assert_same(*run_both(q, k, v, is_causal=True), f"causal attention of shapes {(q_shape, k_shape, v_shape)}")
 
@@ -109,8 +115,8 @@ def test_sdpa_causal_matches_torch(shapes, seed):
 def test_sdpa_boolean_mask_matches_torch(shapes, seed):
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
-    mask = rng.random((q.shape[-2], k.shape[-2])) < 0.6
-    mask[:, 0] = True                     # every query may attend to something (else NaN in both)
+    mask = rng.random((q.shape[-2], k.shape[-2])) < 0.4   # True = masked
+    mask[:, 0] = False                    # every query may attend to something (torch gives NaN otherwise)
     assert_same(*run_both(q, k, v, mask=mask), f"masked attention of shapes {shapes}")
 
 
@@ -143,9 +149,54 @@ def test_shape_errors_name_the_shapes():
         scaled_dot_product_attention(Tensor(np.ones((2, 4))), Tensor(np.ones((3, 5))), Tensor(np.ones((3, 2))))
 
 
-def test_causal_mask_is_lower_triangular():
-    m = causal_mask(3, 4)
-    assert m.dtype == bool and m.tolist() == [[True, False, False, False], [True, True, False, False], [True, True, True, False]]
+def causal_lower_right(tq, tk):
+    "torch's bottom-right causal mask as a boolean attn_mask (True = may attend)."
+    import torch
+    return torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=tk - tq)
+
+
+@pytest.mark.exercise("12.2", "causal_mask")
+def test_causal_mask_examples():
+    assert causal_mask(3).tolist() == [[False, True, True], [False, False, True], [False, False, False]]
+    assert causal_mask(2, 4).tolist() == [[False, False, False, True], [False, False, False, False]], (
+        f"bottom-right: 2 new queries over 4 keys see keys 0-2 and 0-3; got {causal_mask(2, 4).tolist()}")
+    assert causal_mask(2, 4, align="top_left").tolist() == [[False, True, True, True], [False, False, True, True]]
+    assert causal_mask(3, 2, align="top_left").tolist() == [[False, True], [False, False], [False, False]]
+    assert causal_mask(1, 5).tolist() == [[False] * 5], "one new query over a cache sees every key"
+    assert causal_mask(3, 4).dtype == bool
+
+
+@pytest.mark.exercise("12.2", "causal_mask")
+@settings(max_examples=40, deadline=None)
+@given(tq=st.integers(1, 9), extra=st.integers(0, 6), align=st.sampled_from(["bottom_right", "top_left"]))
+def test_causal_mask_matches_torch_alignments(tq, extra, align):
+    tk = tq + extra
+    ours = causal_mask(tq, tk, align=align)
+    torch = torch_or_none()
+    if torch is None:
+        allowed = refs.causal_allowed(tq, tk, align)
+    else:
+        from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+        bias = (causal_lower_right if align == "bottom_right" else causal_upper_left)(tq, tk)
+        allowed = bias._materialize().numpy()  # the CausalBias's boolean mask (True = may attend)
+        diag = tk - tq if align == "bottom_right" else 0
+        assert np.array_equal(allowed, torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=diag).numpy())
+    assert ours.shape == (tq, tk) and ours.dtype == bool
+    assert np.array_equal(ours, ~allowed), f"causal_mask({tq}, {tk}, align={align!r}):\n{ours.astype(int)}\nexpected\n{(~allowed).astype(int)}"
+
+
+@pytest.mark.exercise("12.2", "causal_mask")
+@pytest.mark.parametrize("args, kw, message", [
+    ((3, 2), {}, "causal_mask: align='bottom_right' needs k_len >= q_len (the queries are the last q_len of the "
+                 "k_len positions); got q_len=3, k_len=2. Pass align='top_left' if query i should see keys 0..i"),
+    ((3, 4), {"align": "bottom-right"}, "causal_mask: align must be 'bottom_right' or 'top_left'; got 'bottom-right'"),
+    ((0,), {}, "causal_mask: q_len must be a positive integer; got 0"),
+    ((2, 2.0), {}, "causal_mask: k_len must be a positive integer; got 2.0"),
+])
+def test_causal_mask_bad_input_is_named(args, kw, message):
+    with pytest.raises(ValueError) as info:
+        causal_mask(*args, **kw)
+    assert str(info.value) == message
 
 
 def load_into_torch(mha: MultiHeadAttention):
@@ -176,7 +227,7 @@ def test_multi_head_attention_matches_torch(b, t, heads, hd, causal, seed):
     if torch is None:
         projs = (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)
         weights = [a for p in projs for a in (p.weight.data, p.bias.data)]
-        mask = causal_mask(t) if causal else None
+        mask = ~causal_mask(t) if causal else None  # refs take torch's sdpa convention: True = may attend
 
         def ref(x_, *ws):
             y = refs.multi_head_attention(x_, x_, x_, *ws, num_heads=heads, mask=mask)
@@ -193,8 +244,8 @@ def test_multi_head_attention_matches_torch(b, t, heads, hd, causal, seed):
     tmha = load_into_torch(mha)
     tx = torch.tensor(x, requires_grad=True)
     kw = {}
-    if causal:  # torch.nn.MultiheadAttention's boolean mask means the opposite: True = NOT allowed
-        kw = {"attn_mask": torch.tensor(~causal_mask(t)), "is_causal": True}
+    if causal:  # torch.nn.MultiheadAttention's boolean mask means what ours means: True = NOT allowed
+        kw = {"attn_mask": torch.tensor(causal_mask(t)), "is_causal": True}
     tout, _ = tmha(tx, tx, tx, need_weights=False, **kw)
     (tout * tout).sum().backward()
     np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg="MHA output")
@@ -238,3 +289,163 @@ def test_wrong_input_width_is_named():
 @given(data=st.data(), seed=st.integers(0, 2**16))
 def test_family_rows_match_the_reference(op, data, seed):
     check_row(op, data.draw(op.inputs(), label="case"), seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving seam (given code): a KV cache, bottom-right causal attention, key padding masks
+# ---------------------------------------------------------------------------------------------
+def mha_weights(mha: MultiHeadAttention) -> list:
+    return [a for p in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj) for a in (p.weight.data, p.bias.data)]
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+@settings(max_examples=20, deadline=None)
+@given(b=st.integers(1, 2), t=st.integers(2, 9), heads=st.sampled_from([1, 2, 4]), data=st.data(),
+       seed=st.integers(0, 2**16))
+def test_chunked_decoding_with_a_cache_equals_the_full_causal_forward(b, t, heads, data, seed):
+    """Prefill the first k tokens, then feed the rest in chunks (one at a time or more): every chunk's
+    output equals the matching rows of one causal forward over the whole sequence."""
+    E = heads * 2
+    mha = MultiHeadAttention(E, heads, rng=seed)
+    x = np.random.default_rng(seed).standard_normal((b, t, E)).astype(np.float32)
+    k = data.draw(st.integers(1, t - 1), label="prefill length")
+    with no_grad():
+        full = mha(Tensor(x), is_causal=True).data
+        cache, outs, start = ConcatCache(), [], 0
+        cuts = [k] + list(range(k + 1, t + 1)) if data.draw(st.booleans(), label="one token at a time") else [k, t]
+        for end in cuts:
+            outs.append(mha(Tensor(x[:, start:end]), cache=cache).data)
+            start = end
+    assert cache.seq_len == t, f"after feeding {t} tokens the cache holds {cache.seq_len}"
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5,
+                               err_msg=f"chunks {cuts} through a ConcatCache vs the full causal forward")
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+def test_cached_decoding_matches_torch_causal_lower_right():
+    "Two new queries over 6 keys (4 cached), per head, as torch's sdpa with causal_lower_right sees them."
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 2, 4), (2, 3, 6, 4), (2, 3, 6, 5)))
+    ours = scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v), is_causal=True).data
+    torch = torch_or_none()
+    if torch is None:
+        theirs = refs.sdpa(q, k, v, is_causal=True, causal_align="bottom_right")
+    else:
+        from torch.nn.attention.bias import causal_lower_right as lower_right
+        theirs = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v)),
+                                                                  attn_mask=lower_right(2, 6)).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def padded_batch(seed, b=3, t=6, e=8):
+    "Inputs and a key padding mask (True = padding) with right and left padding and one full row."
+    x = np.random.default_rng(seed).standard_normal((b, t, e)).astype(np.float32)
+    pad = np.zeros((b, t), dtype=bool)
+    pad[0, 4:] = True   # right padding
+    pad[1, :2] = True   # left padding
+    return x, pad       # row 2: no padding
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask_matches_torch_on_the_kept_positions(causal):
+    x, pad = padded_batch(0)
+    mha = MultiHeadAttention(8, 2, rng=1)
+    xt = Tensor(x, requires_grad=True)
+    out = mha(xt, key_padding_mask=pad, is_causal=causal)
+    keep = ~pad
+    up = np.where(keep[..., None], 1.0, 0.0).astype(np.float32)   # the loss reads the kept positions only
+    (out * Tensor(up)).sum().backward()
+    assert np.isfinite(out.data).all() and np.isfinite(xt.grad.data).all(), "padding must never produce NaN or inf"
+    torch = torch_or_none()
+    if torch is None:
+        mask = ~causal_mask(6) if causal else None
+        ref = refs.multi_head_attention(x, x, x, *mha_weights(mha), num_heads=2, mask=mask, key_padding_mask=pad,
+                                        empty_rows="zero")
+        np.testing.assert_allclose(out.data[keep], ref[keep], rtol=1e-4, atol=1e-5, err_msg="padded MHA (NumPy reference)")
+        [(g, _)] = numeric_grads(lambda x_: refs.multi_head_attention(
+            x_, x_, x_, *mha_weights(mha), num_heads=2, mask=mask, key_padding_mask=pad, empty_rows="zero"),
+            [x], up)
+        np.testing.assert_allclose(xt.grad.data, g, rtol=1e-3, atol=1e-4, err_msg="padded MHA input gradient (central differences)")
+        return
+    tmha = load_into_torch(mha)
+    tx = torch.tensor(x, requires_grad=True)
+    kw = {"attn_mask": torch.tensor(causal_mask(6))} if causal else {}
+    tout, _ = tmha(tx, tx, tx, key_padding_mask=torch.tensor(pad), need_weights=False, **kw)
+    np.testing.assert_allclose(out.data[keep], tout.detach().numpy()[keep], rtol=1e-4, atol=1e-5,
+                               err_msg="padded MHA vs nn.MultiheadAttention(key_padding_mask=...) on the kept positions")
+    (torch.nan_to_num(tout) * torch.tensor(up)).sum().backward()
+    np.testing.assert_allclose(xt.grad.data, tx.grad.numpy(), rtol=1e-3, atol=1e-4, err_msg="padded MHA input gradient")
+    # and scaled_dot_product_attention with the padding as a boolean mask, per head, as torch's sdpa
+    q = np.random.default_rng(2).standard_normal((3, 2, 6, 4)).astype(np.float32)
+    ours = scaled_dot_product_attention(Tensor(q), Tensor(q), Tensor(q), mask=pad[:, None, None, :], is_causal=causal).data
+    allowed = torch.tensor(~pad[:, None, None, :]) & (causal_lower_right(6, 6) if causal else True)
+    theirs = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, q, q)), attn_mask=allowed).numpy()
+    rows = ~np.isnan(theirs).any(-1)
+    np.testing.assert_allclose(ours[rows], theirs[rows], rtol=1e-5, atol=1e-6, err_msg="sdpa with a padding mask vs torch")
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+def test_a_query_with_no_key_gets_a_zero_attention_output_not_nan():
+    "Left padding + causal: the padding query at position 0 sees only a padding key. tinytorch: zeros (torch: NaN)."
+    x, pad = padded_batch(3)
+    mha = MultiHeadAttention(8, 2, rng=0)
+    xt = Tensor(x, requires_grad=True)
+    out = mha(xt, key_padding_mask=pad, is_causal=True)
+    out.sum().backward()
+    assert np.isfinite(out.data).all() and np.isfinite(xt.grad.data).all()
+    np.testing.assert_allclose(out.data[1, :2], np.broadcast_to(mha.out_proj.bias.data, (2, 8)), rtol=0, atol=1e-6,
+                               err_msg="a query that may attend to no key: zero attention, so the output is out_proj's bias")
+    q = Tensor(np.ones((1, 2, 3), np.float32), requires_grad=True)
+    w = scaled_dot_product_attention(q, q, q, mask=np.array([[True, True], [False, True]]))
+    w.sum().backward()
+    assert w.data[0, 0].tolist() == [0.0, 0.0, 0.0] and np.isfinite(q.grad.data).all()
+
+
+@pytest.mark.exercise("12.7", "MultiHeadAttention.forward")
+def test_left_padded_batch_decoded_with_a_cache_equals_each_sequence_alone():
+    "Batched serving: two prompts of different lengths, left-padded, decoded with one cache, equal each prompt alone."
+    mha = MultiHeadAttention(8, 2, rng=4)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((1, 5, 8)).astype(np.float32), rng.standard_normal((1, 3, 8)).astype(np.float32)
+    batch = np.concatenate([a, np.concatenate([np.zeros((1, 2, 8), np.float32), b], axis=1)])
+    pad = np.array([[False] * 5, [True, True, False, False, False]])
+    nxt = rng.standard_normal((2, 2, 8)).astype(np.float32)  # two more tokens for each
+    with no_grad():
+        cache = ConcatCache()
+        first = mha(Tensor(batch), cache=cache, key_padding_mask=pad).data
+        steps = [mha(Tensor(nxt[:, i:i + 1]), cache=cache, key_padding_mask=np.pad(pad, ((0, 0), (0, i + 1)))).data
+                 for i in range(2)]
+        alone = [mha(Tensor(np.concatenate([s, n[None]], axis=1)), is_causal=True).data for s, n in ((a, nxt[0]), (b, nxt[1]))]
+    np.testing.assert_allclose(first[0], alone[0][0, :5], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(first[1, 2:], alone[1][0, :3], rtol=1e-5, atol=1e-5)
+    for i in range(2):
+        np.testing.assert_allclose(steps[i][0, 0], alone[0][0, 5 + i], rtol=1e-5, atol=1e-5, err_msg=f"step {i}, prompt a")
+        np.testing.assert_allclose(steps[i][1, 0], alone[1][0, 3 + i], rtol=1e-5, atol=1e-5, err_msg=f"step {i}, prompt b")
+
+
+@pytest.mark.parametrize("pad, message", [
+    (np.zeros((2, 4), np.int64), "MultiHeadAttention: key_padding_mask must be boolean (True = padding, ignored); got "
+                                 "dtype int64. From an attention_mask of 1 (keep) / 0 (pad) pass attention_mask == 0"),
+    (np.zeros((2, 3), bool), "MultiHeadAttention: key_padding_mask must have shape (batch, keys) = (2, 4) (cached keys "
+                             "included); got (2, 3)"),
+])
+def test_bad_key_padding_mask_is_named(pad, message):
+    with pytest.raises((TypeError, ValueError)) as info:
+        MultiHeadAttention(8, 2, rng=0)(Tensor(np.ones((2, 4, 8), np.float32)), key_padding_mask=pad)
+    assert str(info.value) == message
+
+
+def test_concat_cache_appends_and_names_bad_shapes():
+    cache = ConcatCache()
+    assert cache.seq_len == 0
+    k1, v1 = Tensor(np.ones((1, 2, 3, 4), np.float32)), Tensor(np.zeros((1, 2, 3, 5), np.float32))
+    k, v = cache.update(k1, v1)
+    assert k.shape == (1, 2, 3, 4) and v.shape == (1, 2, 3, 5) and cache.seq_len == 3
+    k, v = cache.update(Tensor(np.full((1, 2, 1, 4), 2.0, np.float32)), Tensor(np.ones((1, 2, 1, 5), np.float32)))
+    assert k.shape == (1, 2, 4, 4) and v.shape == (1, 2, 4, 5) and cache.seq_len == 4
+    assert k.data[0, 0, :, 0].tolist() == [1, 1, 1, 2], "new keys go after the cached ones"
+    with pytest.raises(ValueError, match=r"ConcatCache.update: new keys \(1, 3, 1, 4\) do not continue the cached keys \(1, 2, 4, 4\)"):
+        cache.update(Tensor(np.ones((1, 3, 1, 4))), Tensor(np.ones((1, 3, 1, 5))))
+    with pytest.raises(ValueError, match=r"ConcatCache.update: k and v must be \(B, H, T_new, Dh\)"):
+        cache.update(Tensor(np.ones((2, 1, 4))), Tensor(np.ones((2, 1, 5))))

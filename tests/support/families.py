@@ -115,7 +115,7 @@ def _sdpa_case(draw):
     batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2)))
     tq, d, dv = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
     kind = draw(st.sampled_from(["none", "causal", "bool", "float"]))
-    tk = tq if kind == "causal" else draw(st.integers(1, 4))
+    tk = draw(st.integers(tq, 4) if kind == "causal" else st.integers(1, 4))  # causal: bottom-right, Tk >= Tq
     seed = draw(st.integers(0, 2**16))
     q, k, v = _rng_arrays(seed, batch + (tq, d), batch + (tk, d), batch + (tk, dv))
     rng = np.random.default_rng(seed + 1)
@@ -183,12 +183,24 @@ def _tt_embedding(w, ids):
 
 
 def _tt_sdpa(q, k, v, mask=None, is_causal=False):
+    "tinytorch's attention on a case drawn in torch's mask convention (boolean True = may attend)."
     from tinytorch.core.attention import scaled_dot_product_attention
+    if mask is not None and np.asarray(mask).dtype == bool:
+        mask = ~np.asarray(mask)  # tinytorch's boolean masks say True = masked, as nn.MultiheadAttention
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+def _ref_sdpa(q, k, v, mask=None, is_causal=False):
+    return refs.sdpa(q, k, v, mask=mask, is_causal=is_causal, causal_align="bottom_right")
+
+
 def _torch_sdpa(q, k, v, mask=None, is_causal=False):
-    return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+    if is_causal:  # tinytorch's is_causal is bottom-right aligned (torch's flag is top-left): pass the mask
+        torch = _t()
+        tq, tk = q.shape[-2], k.shape[-2]
+        return _F().scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=tk - tq))
+    return _F().scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def _tt_mha(x, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, is_causal):
@@ -231,7 +243,7 @@ FAMILIES: list[Op] = [
        ("9.7", "BatchNorm2d.forward"), ("9.7", "BatchNorm2dFunction.backward"), None, atol=1e-4),
     Op("embedding", _tt_embedding, refs.embedding, lambda w, ids: _F().embedding(ids, w), _embedding_case, "11",
        ("11.1", "EmbeddingLookup.forward"), ("11.2", "EmbeddingLookup.backward"), None),
-    Op("sdpa", _tt_sdpa, refs.sdpa, _torch_sdpa, _sdpa_case, "12", ("12.1", "scaled_dot_product_attention"),
+    Op("sdpa", _tt_sdpa, _ref_sdpa, _torch_sdpa, _sdpa_case, "12", ("12.1", "scaled_dot_product_attention"),
        ("12.1", "scaled_dot_product_attention"), None, atol=1e-5),
     Op("multi_head_attention", _tt_mha, _ref_mha, _torch_mha, _mha_case, "12", ("12.2", "MultiHeadAttention.forward"),
        ("12.2", "MultiHeadAttention.forward"), None, atol=1e-5),

@@ -10,7 +10,7 @@ solutions, and trusts nothing of the package under test:
   differences disagree and no gradient is defined, so comparisons leave those elements out.
 - The forward references of modules 05-13, one function per op family: `conv2d`, `max_pool2d`,
   `avg_pool2d`, `batch_norm_train` / `batch_norm_eval`, `layer_norm`, `embedding`, `linear`,
-  `sdpa`, `multi_head_attention`, `gelu_tanh`, and the optimizers' update rules in closed form
+  `causal_allowed`, `sdpa`, `multi_head_attention`, `gelu_tanh`, and the optimizers' update rules in closed form
   (`sgd_trajectory`, `adam_trajectory` with and without decoupled weight decay).
 - `reference_backend()`: "torch" or "numpy", the one switch the module tests read.
 
@@ -229,31 +229,55 @@ def sinusoidal_positions(positions, dim):
     return out
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+def causal_allowed(tq, tk, align="top_left"):
+    """Boolean (tq, tk), True where query i may attend to key j: j <= i for "top_left" (PyTorch's
+    `causal_upper_left`, the `is_causal` of `F.scaled_dot_product_attention`), j <= i + (tk - tq) for
+    "bottom_right" (`causal_lower_right`: the queries are the last tq positions, as with a KV cache)."""
+    return np.tril(np.ones((tq, tk), dtype=bool), k=(tk - tq) if align == "bottom_right" else 0)
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, scale=None, causal_align="top_left", empty_rows="nan"):
     """softmax(q k^T * scale + mask) v, as `torch.nn.functional.scaled_dot_product_attention`.
 
-    A boolean `mask` is True where a query may attend; a float mask is added to the scores;
-    `is_causal` keeps key j for query i when j <= i (top-left aligned, as PyTorch's flag)."""
+    A boolean `mask` is True where a query may attend (torch's convention for this function); a
+    float mask is added to the scores; `is_causal` keeps key j for query i where
+    `causal_allowed(tq, tk, causal_align)` (top-left by default, as PyTorch's flag). A query with no
+    key left gets NaN (as torch) or, with `empty_rows="zero"`, a zero output (as tinytorch)."""
     d = q.shape[-1]
     s = np.einsum("...qd,...kd->...qk", q, k) * (1.0 / math.sqrt(d) if scale is None else scale)
     tq, tk = q.shape[-2], k.shape[-2]
     if is_causal:
-        s = np.where(np.tril(np.ones((tq, tk), dtype=bool)), s, -np.inf)
+        s = np.where(causal_allowed(tq, tk, causal_align), s, -np.inf)
     if mask is not None:
         mask = np.asarray(mask)
         s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
-    return np.einsum("...qk,...kd->...qd", softmax(s, axis=-1), v)
+    if empty_rows == "zero":
+        with np.errstate(invalid="ignore"):
+            w = np.where(np.isneginf(s).all(axis=-1, keepdims=True), 0.0, softmax(s, axis=-1))
+    else:
+        w = softmax(s, axis=-1)
+    return np.einsum("...qk,...kd->...qd", w, v)
 
 
-def multi_head_attention(xq, xk, xv, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, mask=None, is_causal=False):
+def multi_head_attention(xq, xk, xv, wq, bq, wk, bk, wv, bv, wo, bo, num_heads, mask=None, is_causal=False,
+                         key_padding_mask=None, causal_align="top_left", empty_rows="nan"):
     """Multi-head attention (Vaswani et al. 2017, section 3.2.2) on (B, T, E) inputs with PyTorch's
-    (out, in) weights: project, split E into heads of E / H, attend per head, concatenate, project."""
+    (out, in) weights: project, split E into heads of E / H, attend per head, concatenate, project.
+    `mask` and the other options are `sdpa`'s (boolean True = may attend); `key_padding_mask`
+    (B, Tk) is `nn.MultiheadAttention`'s: True = a padding key that no query attends to."""
     def heads(t):
         b, n, e = t.shape
         return t.reshape(b, n, num_heads, e // num_heads).swapaxes(1, 2)
 
     q, k, v = heads(linear(xq, wq, bq)), heads(linear(xk, wk, bk)), heads(linear(xv, wv, bv))
-    o = sdpa(q, k, v, mask=mask, is_causal=is_causal)
+    if key_padding_mask is not None:
+        keep = ~np.asarray(key_padding_mask, dtype=bool)[:, None, None, :]
+        if mask is None:
+            mask = keep
+        else:
+            mask = np.asarray(mask)
+            mask = (mask & keep) if mask.dtype == bool else np.where(keep, mask, -np.inf)
+    o = sdpa(q, k, v, mask=mask, is_causal=is_causal, causal_align=causal_align, empty_rows=empty_rows)
     b, h, n, dh = o.shape
     return linear(o.swapaxes(1, 2).reshape(b, n, h * dh), wo, bo)
 

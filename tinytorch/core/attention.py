@@ -9,20 +9,36 @@ import numbers
 import numpy as np
 
 from .activations import Softmax
-from .layers import Linear, Module
-from .tensor import Tensor
+from .layers import Linear, Module, check_positive_int
+from .tensor import Tensor, concatenate
 
 # %% auto #0
-__all__ = ['causal_mask', 'scaled_dot_product_attention', 'MultiHeadAttention']
+__all__ = ['causal_mask', 'scaled_dot_product_attention', 'MultiHeadAttention', 'ConcatCache']
 
 # %% ../../modules/12_attention/12_attention.ipynb #attention-masks
-def causal_mask(q_len: int, k_len: int | None = None) -> np.ndarray:
-    """Boolean `(q_len, k_len)` array, True where query i may attend to key j, i.e. `j <= i`.
+def causal_mask(q_len: int, k_len: int | None = None, align: str = "bottom_right") -> np.ndarray:
+    """Boolean `(q_len, k_len)` array, True where query i may NOT attend to key j (the future).
 
-    Aligned top-left like PyTorch's `is_causal=True`: position i sees itself and the past.
+    `align="bottom_right"` (the default, PyTorch's `causal_lower_right`): the `q_len` queries are
+    the *last* `q_len` of the `k_len` positions, so query i sees keys `j <= i + (k_len - q_len)`.
+    That is what a KV cache needs: one new query over 5 cached keys plus itself sees all 6.
+    `align="top_left"` (PyTorch's `causal_upper_left`, the `is_causal=True` of
+    `F.scaled_dot_product_attention`): query i sees keys `j <= i`. With `q_len == k_len` both are
+    the usual triangle.
+
+    Errors: a size that is not a positive integer, an unknown `align`, and `k_len < q_len` with
+    `bottom_right` (the first queries would see no key at all) raise ValueError naming the values.
     """
-    k_len = q_len if k_len is None else k_len
-    return np.tril(np.ones((q_len, k_len), dtype=bool))
+    q_len = check_positive_int(q_len, "q_len", "causal_mask")
+    k_len = q_len if k_len is None else check_positive_int(k_len, "k_len", "causal_mask")
+    if align not in ("bottom_right", "top_left"):
+        raise ValueError(f"causal_mask: align must be 'bottom_right' or 'top_left'; got {align!r}")
+    if align == "bottom_right" and k_len < q_len:
+        raise ValueError(f"causal_mask: align='bottom_right' needs k_len >= q_len (the queries are the last q_len "
+                         f"of the k_len positions); got q_len={q_len}, k_len={k_len}. Pass align='top_left' if "
+                         f"query i should see keys 0..i")
+    offset = k_len - q_len if align == "bottom_right" else 0
+    return np.triu(np.ones((q_len, k_len), dtype=bool), k=offset + 1)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -46,26 +62,29 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal: bool = False) ->
       `(..., Tq, dv)`. Leading (batch, head) axes broadcast. `_check_qkv` (given) raises the shape
       error.
     - `mask`, when given, is boolean and broadcastable to `(..., Tq, Tk)`: True where attention is
-      allowed (PyTorch's convention for `scaled_dot_product_attention`). A float mask is added to
+      NOT allowed, as `causal_mask` and `nn.MultiheadAttention` (PyTorch's
+      `F.scaled_dot_product_attention` uses the opposite: True = allowed). A float mask is added to
       the scores instead (e.g. `-inf` or a bias).
-    - `is_causal=True` applies `causal_mask(Tq, Tk)` (given) as well: query i sees keys `j <= i`.
-    - Masked positions get exactly zero weight: fill their scores with `-inf` before the softmax
-      (module 02's max-subtraction keeps it finite). A query that may attend to nothing gets NaN,
-      as in PyTorch.
+    - `is_causal=True` applies `causal_mask(Tq, Tk)` (given, bottom-right aligned) as well.
+    - Masked positions get exactly zero weight. A query that may attend to nothing gets all-zero
+      weights and a zero output (PyTorch gives NaN there): no NaN reaches the output or gradients.
     - Scale by `1 / sqrt(d)`, `d` the last axis of `q`.
-
-    HINTS: `Tensor.transpose`, `@`, `masked_fill`, `Softmax(dim=-1)`; `~` negates a boolean array.
     """
     q, k, v = (t if isinstance(t, Tensor) else Tensor(t) for t in (q, k, v))
     _check_qkv(q, k, v)
     ### BEGIN SOLUTION
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     if is_causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2]), -np.inf)
+        scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2]), -np.inf)
     if mask is not None:
         m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-        scores = scores.masked_fill(~m, -np.inf) if m.dtype == np.bool_ else scores + Tensor(m, dtype=scores.dtype)
-    return Softmax(dim=-1)(scores) @ v
+        scores = scores.masked_fill(m, -np.inf) if m.dtype == np.bool_ else scores + Tensor(m, dtype=scores.dtype)
+    dead = np.isneginf(scores.data).all(axis=-1, keepdims=True)
+    if dead.any():
+        weights = Softmax(dim=-1)(scores.masked_fill(dead, 0.0)).masked_fill(dead, 0.0)
+    else:
+        weights = Softmax(dim=-1)(scores)
+    return weights @ v
     ### END SOLUTION
 
 # %% ../../modules/12_attention/12_attention.ipynb #attention-mha
@@ -114,23 +133,97 @@ class MultiHeadAttention(Module):
         return x.transpose(1, 2).reshape(b, t, h * d)
         ### END SOLUTION
 
-    def forward(self, query, key=None, value=None, mask=None, is_causal: bool = False) -> Tensor:
+    def forward(self, query, key=None, value=None, mask=None, is_causal: bool = False, cache=None,
+                key_padding_mask=None) -> Tensor:
         """Attention of `query` `(B, Tq, E)` over `key`/`value` `(B, Tk, E)` (self-attention when omitted).
 
-        `mask` (boolean, True = allowed) and `is_causal` are passed to
-        `scaled_dot_product_attention`; a mask of shape `(Tq, Tk)` or `(B, 1, Tq, Tk)` broadcasts over
-        heads. Returns `(B, Tq, E)`.
+        `mask` (boolean, True = not allowed, or a float mask added to the scores) and `is_causal`
+        (bottom-right aligned) are passed to `scaled_dot_product_attention`; a mask of shape
+        `(Tq, Tk)` or `(B, 1, Tq, Tk)` broadcasts over heads. Returns `(B, Tq, E)`.
+
+        Serving (given code, module 18 writes the caches): `cache` is an object with
+        `update(k, v) -> (k_all, v_all)` on `(B, H, T, Dh)` Tensors (`ConcatCache` below); the new
+        keys and values are appended and attention is causal (bottom-right: the new queries are the
+        last positions). `key_padding_mask` `(B, T_keys)` boolean, True = a padding key nobody
+        attends to; `T_keys` counts the cached keys too. A query left with no key gets a zero
+        attention output (its row of weights is all zero), never NaN.
         """
+        query, key, value = self._inputs(query, key, value)
+        ### BEGIN SOLUTION
+        q = self.split_heads(self.q_proj(query))
+        k = self.split_heads(self.k_proj(key))
+        v = self.split_heads(self.v_proj(value))
+        ### END SOLUTION
+        k, v, mask, is_causal = self._cache_and_padding(k, v, mask, is_causal, cache, key_padding_mask)
+        ### BEGIN SOLUTION
+        return self.out_proj(self.merge_heads(scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)))
+        ### END SOLUTION
+
+    def _inputs(self, query, key, value):
+        "query, key, value as Tensors (key and value default to query), each checked to be (B, T, E)."
         query = query if isinstance(query, Tensor) else Tensor(query)
         key = query if key is None else (key if isinstance(key, Tensor) else Tensor(key))
         value = key if value is None else (value if isinstance(value, Tensor) else Tensor(value))
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.ndim != 3 or t.shape[-1] != self.embed_dim:
                 raise ValueError(f"MultiHeadAttention: {name} must have shape (batch, seq, {self.embed_dim}); got {t.shape}")
-        q = self.split_heads(self.q_proj(query))
-        k = self.split_heads(self.k_proj(key))
-        v = self.split_heads(self.v_proj(value))
-        return self.out_proj(self.merge_heads(scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)))
+        return query, key, value
+
+    def _cache_and_padding(self, k, v, mask, is_causal, cache, key_padding_mask):
+        """The serving seam (given): append the new heads' keys/values to `cache`, and turn a key
+        padding mask into a boolean attention mask over `(B, 1, 1, T_keys)`. Returns (k, v, mask, is_causal)."""
+        if cache is not None:
+            k, v = cache.update(k, v)
+            is_causal = True
+        if key_padding_mask is not None:
+            pad = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else np.asarray(key_padding_mask)
+            b, t_keys = k.shape[0], k.shape[-2]
+            if pad.dtype != np.bool_:
+                raise TypeError(f"MultiHeadAttention: key_padding_mask must be boolean (True = padding, ignored); got "
+                                f"dtype {pad.dtype}. From an attention_mask of 1 (keep) / 0 (pad) pass attention_mask == 0")
+            if pad.shape != (b, t_keys):
+                raise ValueError(f"MultiHeadAttention: key_padding_mask must have shape (batch, keys) = ({b}, {t_keys}) "
+                                 f"(cached keys included); got {pad.shape}")
+            pad = pad[:, None, None, :]
+            if mask is None:
+                mask = pad
+            else:
+                m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+                mask = (m | pad) if m.dtype == np.bool_ else np.where(pad, -np.inf, m).astype(m.dtype)
+        return k, v, mask, is_causal
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
+
+# %% ../../modules/12_attention/12_attention.ipynb #attention-cache
+class ConcatCache:
+    """The simplest KV cache (given): keep every key and value seen so far, append the new ones.
+
+    `cache.update(k, v) -> (k_all, v_all)`: `k`, `v` are Tensors `(B, H, T_new, Dh)` of the new
+    positions; the result holds all positions so far, `(B, H, T_past + T_new, Dh)`. Any object with
+    this `update` method works as `MultiHeadAttention(..., cache=...)`: module 18 writes faster
+    ones (a preallocated buffer, a paged pool). `seq_len` is `T_past + T_new` after an update.
+    """
+
+    def __init__(self):
+        self.k = self.v = None
+
+    @property
+    def seq_len(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def update(self, k: Tensor, v: Tensor) -> tuple:
+        if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"ConcatCache.update: k and v must be (B, H, T_new, Dh) with the same B, H, T_new; "
+                             f"got k {k.shape}, v {v.shape}")
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
+                raise ValueError(f"ConcatCache.update: new keys {k.shape} do not continue the cached keys "
+                                 f"{self.k.shape}: B, H and Dh must match")
+            self.k, self.v = concatenate([self.k, k], axis=2), concatenate([self.v, v], axis=2)
+        return self.k, self.v
+
+    def __repr__(self) -> str:
+        return f"ConcatCache(seq_len={self.seq_len})"
