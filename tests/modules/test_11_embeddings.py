@@ -250,6 +250,29 @@ def test_start_pos_past_max_len_names_both_numbers(cls):
 
 
 @pytest.mark.parametrize("cls", [LearnedPositionalEmbedding, SinusoidalPositionalEncoding])
+def test_per_token_positions_of_a_padded_batch(cls):
+    """Given code: `positions` (B, T) replace start_pos, one position id per token (left padding shifts rows)."""
+    enc = cls(10, 3)
+    x = np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)
+    pos = np.array([[0, 1, 2, 3], [0, 0, 0, 1]])
+    table = enc.weight.data if cls is LearnedPositionalEmbedding else sinusoidal_positions(10, 3)
+    np.testing.assert_allclose(enc(Tensor(x), positions=pos).data, x + table[pos], rtol=1e-6)
+    np.testing.assert_allclose(enc(Tensor(x), positions=np.arange(2, 6)).data, enc(Tensor(x), start_pos=2).data, rtol=1e-6)
+    with pytest.raises(ValueError) as info:
+        enc(Tensor(x), positions=np.array([[0, 1, 2, 10], [0, 0, 0, 1]]))
+    assert str(info.value) == f"{cls.__name__}: position 10 is outside 0..9 (max_len=10)"
+    with pytest.raises(ValueError) as info:
+        enc(Tensor(x), positions=np.zeros((2, 3), np.int64))
+    assert str(info.value) == (f"{cls.__name__}: positions must be integers of shape (2, 4) (one per token of x (2, 4, 3)) "
+                               "or (4,); got int64 (2, 3)")
+    if cls is LearnedPositionalEmbedding:
+        enc(Tensor(x), positions=pos).sum().backward()
+        counts = np.bincount(pos.ravel(), minlength=10)
+        np.testing.assert_allclose(enc.weight.grad.data, np.repeat(counts[:, None], 3, axis=1),
+                                   err_msg="each position id's row gets one gradient per token that used it")
+
+
+@pytest.mark.parametrize("cls", [LearnedPositionalEmbedding, SinusoidalPositionalEncoding])
 def test_positional_sizes_use_the_shared_check(cls):
     with pytest.raises(ValueError) as info:
         cls(0, 4)

@@ -132,6 +132,18 @@ def _check_positions(x: Tensor, max_len: int, dim: int, who: str, start_pos: int
     return seq
 
 
+def _check_position_ids(positions, x: Tensor, max_len: int, who: str) -> np.ndarray:
+    "Per-token position ids `(B, T)` or `(T,)` for `x`, each in `0..max_len-1`, as an integer array, or a clear error."
+    pos = np.asarray(positions.data if isinstance(positions, Tensor) else positions)
+    if pos.dtype.kind not in "iu" or pos.shape not in (x.shape[:-1], x.shape[-2:-1]):
+        raise ValueError(f"{who}: positions must be integers of shape {x.shape[:-1]} (one per token of x {x.shape}) "
+                         f"or {x.shape[-2:-1]}; got {pos.dtype} {pos.shape}")
+    if pos.size and (pos.min() < 0 or pos.max() >= max_len):
+        bad = int(pos.min()) if pos.min() < 0 else int(pos.max())
+        raise ValueError(f"{who}: position {bad} is outside 0..{max_len - 1} (max_len={max_len})")
+    return pos
+
+
 class SinusoidalPositionalEncoding(Module):
     """Adds the fixed sinusoidal encodings of positions `start_pos..start_pos+T-1` to `x` `(B, T, D)` or `(T, D)`.
 
@@ -145,8 +157,11 @@ class SinusoidalPositionalEncoding(Module):
         self.dim = check_positive_int(dim, "dim", "SinusoidalPositionalEncoding")
         self.table = Tensor(sinusoidal_positions(self.max_len, self.dim))
 
-    def forward(self, x: Tensor, start_pos: int = 0) -> Tensor:
+    def forward(self, x: Tensor, start_pos: int = 0, positions=None) -> Tensor:
+        "`x` plus the codes of positions `start_pos..start_pos+T-1` (or of the per-token `positions`, see the learned one)."
         seq = _check_positions(x, self.max_len, self.dim, "SinusoidalPositionalEncoding", start_pos)
+        if positions is not None:
+            return x + Tensor(self.table.data[_check_position_ids(positions, x, self.max_len, "SinusoidalPositionalEncoding")])
         return x + self.table[start_pos:start_pos + seq]
 
     def extra_repr(self) -> str:
@@ -166,7 +181,7 @@ class LearnedPositionalEmbedding(Module):
         self.weight = Tensor(as_generator(rng).normal(0.0, 0.02, (self.max_len, self.dim)).astype(np.float32),
                              requires_grad=True)
 
-    def forward(self, x: Tensor, start_pos: int = 0) -> Tensor:
+    def forward(self, x: Tensor, start_pos: int = 0, positions=None) -> Tensor:
         """Return `x` plus rows `start_pos, ..., start_pos + T - 1` of the table, `T` being `x`'s sequence length.
 
         TODO (Exercise 11.4): one slice and one broadcast addition, both recorded Tensor ops, so
@@ -174,9 +189,14 @@ class LearnedPositionalEmbedding(Module):
 
         CONTRACT: `x` of shape `(B, T, D)` or `(T, D)` with `D == dim` and `start_pos + T <= max_len`;
         `_check_positions` (given) raises the clear errors and returns `T`. Position `t` of `x` gets
-        row `start_pos + t`: `lpe(x[:, k:], start_pos=k)` equals `lpe(x)[:, k:]`.
+        row `start_pos + t`: `lpe(x[:, k:], start_pos=k)` equals `lpe(x)[:, k:]`. (Given: `positions`,
+        per-token position ids `(B, T)`, replace `start_pos` for a padded batch whose rows start at
+        different positions; they are looked up with `EmbeddingLookup`.)
         """
         seq = _check_positions(x, self.max_len, self.dim, "LearnedPositionalEmbedding", start_pos)
+        if positions is not None:
+            return x + EmbeddingLookup.apply(self.weight, _check_position_ids(positions, x, self.max_len,
+                                                                             "LearnedPositionalEmbedding"))
         ### BEGIN SOLUTION
         return x + self.weight[start_pos:start_pos + seq]
         ### END SOLUTION
