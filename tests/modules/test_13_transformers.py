@@ -130,7 +130,7 @@ class TorchBlock:
                 (a.out_proj.weight, self.attn.out_proj.weight)]
 
 
-@pytest.mark.exercise("13.2", "TransformerBlock.forward")
+@pytest.mark.exercise("13.3", "TransformerBlock.forward")
 @settings(max_examples=10, deadline=None)
 @given(b=st.integers(1, 2), t=st.integers(1, 6), heads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
 def test_block_matches_torch(b, t, heads, seed):
@@ -490,6 +490,7 @@ def test_serving_errors_name_the_shapes(call, message):
     assert str(info.value) == message
 
 
+@pytest.mark.exercise("13.5", "GPT.forward")
 def test_a_cache_of_the_wrong_length_is_named():
     model = GPT(13, 12, 8, 2, 2, rng=0)
     caches = [ConcatCache() for _ in model.blocks]
