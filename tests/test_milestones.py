@@ -525,6 +525,32 @@ def test_transformer_quick_run_trains_reports_and_generates(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG", proc.stdout
 
 
+def test_transformer_profiles_one_training_step_when_it_misses_its_time(capsys):
+    """The 2017 milestone passes `profile=` (one training step) to the report, as 1998 does: a missed time
+    target names the slowest ops of that step."""
+    missing = ms.readiness(ROOT, ms.get(ROOT, "transformer"))
+    if missing and IS_STUDENT:
+        pytest.skip(ms.explain(ROOT, missing, "the transformer milestone"))
+    import importlib.util
+
+    import numpy as np
+
+    from tinytorch.models.gpt import GPT
+
+    spec = importlib.util.spec_from_file_location("transformer_2017", TRANSFORMER)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model = GPT(11, 8, 16, 2, 1, rng=0)
+    train_ids = np.random.default_rng(0).integers(0, 11, 200)
+    script.training_step(model, train_ids, 8, 4, 0)
+    assert all(p.grad is not None for p in model.parameters()), "one training step must reach every parameter"
+    run = harness.Run(ms.get(ROOT, "transformer"), None, ROOT, harness.Target.parse("lower loss than a bigram, in under 2 minutes"))
+    assert run.report(beats=[("loss", 1.0, "a bigram", 2.0, "lower")], seconds=130.0,
+                      profile=lambda: script.training_step(model, train_ids, 8, 4, 0)) == 1
+    printed = capsys.readouterr().out
+    assert "matmul" in printed and "%" in printed, f"the slowest ops of a GPT step should be listed:\n{printed}"
+
+
 def test_harness_reports_comparisons_and_time(capsys):
     target = harness.Target.parse("higher accuracy than the baseline, in under 2 minutes")
     assert target.compares and target.max_seconds == 120.0

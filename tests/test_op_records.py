@@ -85,6 +85,76 @@ def test_the_profiler_agrees_with_torch_flop_counter_on_the_same_matmul_shapes()
         f"profiler counted {profiler.flops:,}")
 
 
+def torch_gpt_math(torch, model: GPT):
+    """The same GPT in PyTorch with attention written out as matmuls (what FlopCounterMode counts on CPU;
+    the fused scaled_dot_product_attention kernel of nn.MultiheadAttention is not counted there)."""
+    F = torch.nn.functional
+    p = {n: torch.tensor(t.data) for n, t in model.named_parameters()}
+
+    def forward(ids, start=0):
+        x = p["tok_emb.weight"][torch.tensor(ids)] + p["pos_emb.weight"][start:start + ids.shape[1]]
+        b, t, e = x.shape
+        for i, block in enumerate(model.blocks):
+            w = {k[len(f"blocks.{i}."):]: v for k, v in p.items() if k.startswith(f"blocks.{i}.")}
+            h = F.layer_norm(x, (e,), w["ln1.weight"], w["ln1.bias"])
+            heads = block.attn.num_heads
+            q, k, v = (F.linear(h, w[f"attn.{n}_proj.weight"], w[f"attn.{n}_proj.bias"]).reshape(b, t, heads, -1).transpose(1, 2)
+                       for n in "qkv")
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
+            o = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, t, e)
+            x = x + F.linear(o, w["attn.out_proj.weight"], w["attn.out_proj.bias"])
+            h = F.gelu(F.linear(F.layer_norm(x, (e,), w["ln2.weight"], w["ln2.bias"]), w["mlp.fc.weight"], w["mlp.fc.bias"]),
+                       approximate="tanh")
+            x = x + F.linear(h, w["mlp.proj.weight"], w["mlp.proj.bias"])
+        return F.linear(F.layer_norm(x, (e,), p["ln_f.weight"], p["ln_f.bias"]), p["head.weight"])
+
+    return forward
+
+
+def test_flops_from_the_records_equal_flop_counter_mode_on_the_same_torch_gpt():
+    """Module 13's section 7.2: FLOPs counted from the op records of a no_grad forward = PyTorch's FlopCounterMode
+    on the identical model written in torch = the closed form 2 N T + 4 L T^2 E (matmul weights only)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, idx = small_gpt(), tokens()
+    profiler = FlopProfiler()
+    with no_grad(), observe_ops(profiler):
+        ours = model(idx).data
+    forward = torch_gpt_math(torch, model)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        theirs = forward(idx)
+    np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-4, atol=1e-4, err_msg="the torch model must be the same model")
+    n_matmul = L * 12 * E * E + V * E
+    closed = 2 * n_matmul * B * T + 4 * L * B * T * T * E
+    assert profiler.flops == counter.get_total_flops() == closed, (
+        f"FLOPs: op records {profiler.flops:,}, torch FlopCounterMode {counter.get_total_flops():,}, closed form {closed:,}")
+
+
+def test_a_cached_decode_step_gives_the_full_logits_for_linear_flops():
+    """The KV-cache seam (modules 11-13, used by 18): a forward of the first k tokens with one ConcatCache per
+    block, then the next token at start_pos=k, gives the full forward's last logits (atol 1e-5); the step's
+    matmul FLOPs, counted from the records, are those of one token: 2 N + 4 L (k + 1) E, not the whole prefix's."""
+    from tinytorch.core.attention import ConcatCache
+
+    model, idx = small_gpt(), tokens()
+    k = T - 1
+    with no_grad():
+        full = model(idx).data
+        caches = [ConcatCache() for _ in model.blocks]
+        model(idx[:, :k], cache=caches)
+        profiler = FlopProfiler()
+        with observe_ops(profiler):
+            step = model(idx[:, k:], start_pos=k, cache=caches).data
+    np.testing.assert_allclose(step[:, -1], full[:, -1], rtol=0, atol=1e-5,
+                               err_msg="the cached step's logits must equal the full forward's last logits")
+    n_matmul = L * 12 * E * E + V * E
+    expected = B * (2 * n_matmul + 4 * L * (k + 1) * E)
+    assert profiler.flops == expected, f"one cached token: {profiler.flops:,} matmul FLOPs counted; expected {expected:,}"
+
+
 REPLAY = {
     "matmul": lambda a, b, **_: np.matmul(a, b),
     "add": lambda a, b=None, other=None: a + (other if b is None else b),

@@ -81,6 +81,22 @@ def test_mutation_catalogue_is_caught_without_torch(capsys):
     assert not missed, f"these bugs pass their exercise's package tests without torch: {missed}"
 
 
+NOTEBOOK_BUGS = [m for m in MUTATIONS if m.module in ("11", "13")]
+
+
+@pytest.mark.slow
+@instructor_only
+@pytest.mark.parametrize("bug", NOTEBOOK_BUGS, ids=[f"{m.module}-{m.exercise}-{m.why}" for m in NOTEBOOK_BUGS])
+def test_graded_cells_of_11_and_13_catch_each_bug(bug):
+    """The bugs of modules 11 and 13's catalogue, applied to the source notebook, fail the graded cell of
+    their exercise (as the package tests fail on them above)."""
+    from tests.support.mutation import graded_cells_failing
+
+    failing = graded_cells_failing(ROOT, bug.module, bug)
+    assert any(label.startswith(f"Exercise {bug.exercise}:") for label in failing), (
+        f"{bug.name}: no graded cell of Exercise {bug.exercise} fails; failing graded cells: {failing}")
+
+
 def released_module(module, dest):
     """A copy of the edition at `dest` whose package holds module `module`'s release (its solutions
     stubbed, as a student receives it) and the solved prerequisites, as tests/test_notebooks.py builds it."""

@@ -3,7 +3,8 @@
 Modules 01-06 and 11 together: the bundled story corpus is turned into character ids, embedded
 with token + learned position tables, projected back to the vocabulary with a Linear layer, and
 trained for a few steps of plain gradient descent on next-character prediction. The loss must
-fall, and only the table rows of characters that occurred may have changed.
+fall, and only the table rows of characters that occurred may have changed; embedding the text in
+chunks (each at its `start_pos`, as a cached generator will) gives the whole sequence's vectors.
 """
 from __future__ import annotations
 
@@ -47,3 +48,9 @@ def test_next_character_model_learns_and_touches_only_used_rows():
     unused = np.arange(len(chars), vocab)
     np.testing.assert_array_equal(tok.weight.data[unused], start[unused],
                                   err_msg="rows of ids that never occur must not change (their gradient is zero)")
+    with no_grad():
+        x = ids[None, :seq]
+        whole = pos(tok(x)).data
+        chunks = [pos(tok(x[:, a:b]), start_pos=a).data for a, b in ((0, 5), (5, 6), (6, seq))]
+    np.testing.assert_allclose(np.concatenate(chunks, axis=1), whole, rtol=0, atol=1e-6,
+                               err_msg="chunks embedded at their start_pos must equal the whole sequence")

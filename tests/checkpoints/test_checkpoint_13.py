@@ -3,13 +3,17 @@
 Modules 01-06 and 11-13 together: a one-block character-level GPT trained for a few seconds on the
 bundled story corpus (plain momentum SGD written inline, so only modules up to 13 are used) must
 drive its loss well below the uniform guess, then generate text that is reproducible with a seed
-and made of characters of the corpus.
+and made of characters of the corpus. Then the trained model is served the way module 18 will: greedy
+decoding token by token with one `ConcatCache` per block (the prompt once, then one token per step at
+`start_pos`) must give exactly `generate`'s tokens, and a left-padded batch of two prompts the same
+next token as each prompt alone.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from tinytorch.core.attention import ConcatCache
 from tinytorch.core.autograd import no_grad
 from tinytorch.core.losses import CrossEntropyLoss
 from tinytorch.data.loader import load_text_corpus
@@ -52,3 +56,24 @@ def test_tiny_gpt_learns_the_corpus_and_generates():
     assert np.array_equal(a, b), "generation with the same seed must be reproducible"
     sample = "".join(chars[i] for i in a[0])
     assert sample.startswith("Once upon a") and len(sample) == 51, sample
+
+    model.eval()
+    greedy = model.generate(prompt[:, -8:], 8, temperature=0)
+    seq = prompt[:, -8:].copy()
+    with no_grad():
+        caches = [ConcatCache() for _ in model.blocks]
+        logits = model(seq, cache=caches).data[:, -1]
+        for step in range(8):
+            nxt = logits.argmax(-1)[:, None]
+            seq = np.concatenate([seq, nxt], axis=1)
+            if step < 7:
+                logits = model(nxt, start_pos=seq.shape[1] - 1, cache=caches).data[:, -1]
+    np.testing.assert_array_equal(seq, greedy, err_msg="cached greedy decoding must give generate's tokens")
+    short = np.array([[stoi[c] for c in "upon"]])
+    batch = np.concatenate([prompt[:, -8:], np.concatenate([np.zeros((1, 4), np.int64), short], axis=1)])
+    mask = np.ones((2, 8), np.int64)
+    mask[1, :4] = 0
+    with no_grad():
+        both = model(batch, attention_mask=mask).data[:, -1].argmax(-1)
+        alone = [model(prompt[:, -8:]).data[0, -1].argmax(), model(short).data[0, -1].argmax()]
+    assert both.tolist() == [int(a) for a in alone], f"padded batch predicts {both.tolist()}, each prompt alone {alone}"

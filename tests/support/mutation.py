@@ -169,10 +169,37 @@ def run_module_tests(edition: Path, module: str, hide_torch: bool = True, extra_
                    _count(tail, "error"), reasons, out)
 
 
+def graded_cells_failing(root: Path, module: str, m: Mutation, timeout: float = 120) -> list[str]:
+    """The graded cells (their labels, "Exercise 13.6: GPT.generate") that fail when `m` is applied to
+    module `module`'s source notebook under `root`: the notebook-side twin of `run_module_tests`.
+
+    The fragment is replaced in the solution cell that holds it (its last occurrence there: code comes
+    after the docstrings); hidden tests stay (the autograder restores them); the cells after the last
+    graded one (the systems analysis) are left out to keep it short."""
+    from tito import notebooks as nbs
+
+    [path] = sorted((Path(root) / "modules").glob(f"{module}_*/{module}_*.ipynb"))
+    nb = nbs.read(path)
+    hits = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and nbs.is_solution_cell(cell) and m.old in cell.source:
+            head, _, tail = cell.source.rpartition(m.old)
+            cell.source, hits = head + m.new + tail, hits + 1
+    if hits != 1:
+        raise LookupError(f"mutation {m.name}: found in {hits} solution cells of {path.name}; expected exactly one")
+    last = max(i for i, cell in enumerate(nb.cells) if nbs.is_test_cell(cell))
+    nb.cells = nb.cells[:last + 1]
+    report = nbs.execute(path, Path(root), timeout=timeout, source=nb)
+    if report.fatal:
+        raise RuntimeError(f"{path.name} with {m.name}: {report.fatal}")
+    return [c.label for c in report.tests if not c.ok]
+
+
 # ---------------------------------------------------------------------------------------------
 # Realistic one-line bugs of modules 06-09 (each a fragment of one line of the instructor solution)
 # ---------------------------------------------------------------------------------------------
 AUTOGRAD, OPTIM, TRAIN, SPATIAL = "core/autograd.py", "core/optimizers.py", "core/training.py", "core/spatial.py"
+EMB, GPT = "text/embeddings.py", "models/gpt.py"
 
 MUTATIONS: list[Mutation] = [
     Mutation("06", AUTOGRAD, "gelu_backward", "3 * 0.044715", "0.044715", "the derivative of x^3 missing its factor 3",
@@ -198,4 +225,29 @@ MUTATIONS: list[Mutation] = [
     Mutation("09", SPATIAL, "BatchNorm2d.forward", "var * (m / (m - 1))", "var", "running variance biased", "9.7"),
     Mutation("09", SPATIAL, "BatchNorm2d.forward", "batch_stats=self.training", "batch_stats=True",
              "batch statistics in eval mode", "9.7"),
+    # modules 11 and 13 (the graded cells of their notebooks catch the same bugs: tests/test_notebooks.py)
+    Mutation("11", EMB, "EmbeddingLookup.backward", "np.add.at(grad_weight, ids.reshape(-1), ",
+             "grad_weight.__setitem__(ids.reshape(-1), grad_weight[ids.reshape(-1)] + ",
+             "buffered += loses repeated ids", "11.2"),
+    Mutation("11", EMB, "LearnedPositionalEmbedding.forward", "self.weight[start_pos:start_pos + seq]", "self.weight[:seq]",
+             "start_pos ignored", "11.4"),
+    Mutation("11", EMB, "sparse_embedding_grad", "np.add.at(values, inverse.reshape(-1), ",
+             "values.__setitem__(inverse.reshape(-1), ", "repeated ids overwrite instead of adding", "11.5"),
+    Mutation("13", GPT, "LayerNormFunction.forward", "(centred * centred).mean(axis=-1, keepdims=True)",
+             "(centred * centred).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1)", "variance divided by N - 1", "13.1"),
+    Mutation("13", GPT, "LayerNormFunction.backward", " - xhat * (g * xhat).mean(axis=-1, keepdims=True)", "",
+             "the variance path of the gradient dropped", "13.2"),
+    Mutation("13", GPT, "TransformerBlock.forward", "x = x + self.drop(", "x = self.drop(", "attention residual missing",
+             "13.3"),
+    Mutation("13", GPT, "TransformerBlock.forward", "return x + self.mlp(", "return self.mlp(", "MLP residual missing",
+             "13.3"),
+    Mutation("13", GPT, "sample_next", "logits = logits / temperature", "logits = logits", "temperature ignored", "13.4"),
+    Mutation("13", GPT, "sample_next", "logits < kth", "logits <= kth", "top-k keeps k - 1 tokens", "13.4"),
+    Mutation("13", GPT, "GPT.forward", "positions=positions", "positions=None", "padding positions not passed on", "13.5"),
+    Mutation("13", GPT, "GPT.forward", "cache=layer_cache", "cache=None", "layer caches not passed on", "13.5"),
+    Mutation("13", GPT, "GPT.generate", "sample_next(logits, temperature, top_k, rng)",
+             "sample_next(logits, 1.0, top_k, rng)", "generate ignores the temperature", "13.6"),
+    Mutation("13", GPT, "GPT.generate", "sample_next(logits, temperature, top_k, rng)",
+             "sample_next(logits, temperature, top_k, as_generator(seed))", "a fresh generator from the seed each step",
+             "13.6"),
 ]

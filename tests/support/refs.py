@@ -203,6 +203,32 @@ def embedding(weight, ids):
     return np.asarray(weight)[np.asarray(ids)]
 
 
+def embedding_grad_coo(ids, grad):
+    """The table's gradient in coordinate form, as torch's coalesced `nn.Embedding(sparse=True)` gradient:
+    (sorted distinct ids, the summed gradient row of each), by an explicit loop over positions."""
+    ids = np.asarray(ids).reshape(-1)
+    grad = np.asarray(grad, dtype=np.float64).reshape(ids.size, -1)
+    rows = sorted(set(ids.tolist()))
+    values = np.zeros((len(rows), grad.shape[1]))
+    where = {r: i for i, r in enumerate(rows)}
+    for n, r in enumerate(ids.tolist()):
+        values[where[r]] += grad[n]
+    return np.array(rows, dtype=np.int64), values
+
+
+def sinusoidal_positions(positions, dim):
+    """The encodings of "Attention Is All You Need" for the given positions, one element at a time:
+    column 2i is sin(p / 10000^(2i/dim)), column 2i + 1 its cosine."""
+    positions = np.asarray(positions)
+    out = np.zeros(positions.shape + (dim,))
+    for idx in np.ndindex(positions.shape):
+        p = float(positions[idx])
+        for j in range(dim):
+            angle = p / 10000.0 ** ((j - j % 2) / dim)
+            out[idx + (j,)] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return out
+
+
 def causal_allowed(tq, tk, align="top_left"):
     """Boolean (tq, tk), True where query i may attend to key j: j <= i for "top_left" (PyTorch's
     `causal_upper_left`, the `is_causal` of `F.scaled_dot_product_attention`), j <= i + (tk - tq) for
@@ -352,10 +378,11 @@ def transformer_block(x, p: dict, num_heads: int, prefix: str = ""):
     return x + linear(h, w("mlp.proj.weight"), w("mlp.proj.bias"))
 
 
-def gpt_logits(ids, p: dict, num_heads: int, num_layers: int):
-    "GPT logits from parameters by their documented names (token + learned position embeddings, blocks, ln_f, head)."
+def gpt_logits(ids, p: dict, num_heads: int, num_layers: int, start_pos: int = 0):
+    """GPT logits from parameters by their documented names (token + learned position embeddings of positions
+    start_pos.., blocks, ln_f, head)."""
     ids = np.asarray(ids)
-    x = embedding(p["tok_emb.weight"], ids) + np.asarray(p["pos_emb.weight"])[: ids.shape[1]]
+    x = embedding(p["tok_emb.weight"], ids) + np.asarray(p["pos_emb.weight"])[start_pos:start_pos + ids.shape[1]]
     for i in range(num_layers):
         x = transformer_block(x, p, num_heads, prefix=f"blocks.{i}.")
     return linear(layer_norm(x, p["ln_f.weight"], p["ln_f.bias"]), p["head.weight"])

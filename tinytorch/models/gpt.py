@@ -7,15 +7,15 @@ import numbers
 
 import numpy as np
 
-from ..core.activations import GELU, Softmax
+from ..core.activations import GELU
 from ..core.attention import MultiHeadAttention
 from ..core.autograd import Function, no_grad
-from ..core.layers import Dropout, Linear, Module
+from ..core.layers import Dropout, Linear, Module, as_generator, check_positive_int
 from ..core.tensor import Tensor
 from ..text.embeddings import Embedding, LearnedPositionalEmbedding
 
 # %% auto #0
-__all__ = ['LayerNormFunction', 'LayerNorm', 'MLP', 'TransformerBlock', 'GPT']
+__all__ = ['LayerNormFunction', 'LayerNorm', 'MLP', 'TransformerBlock', 'sample_next', 'GPT']
 
 # %% ../../modules/13_transformers/13_transformers.ipynb #gpt-layernorm
 class LayerNormFunction(Function):
@@ -25,11 +25,15 @@ class LayerNormFunction(Function):
     def forward(ctx, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> np.ndarray:
         """Return `(x - mean) / sqrt(var + eps) * weight + bias`, statistics over the last axis.
 
-        TODO (Exercise 13.1a): the forward pass; save for backward what it needs with `ctx.save`
-        (at least the normalised input and `1 / sqrt(var + eps)`).
+        TODO (Exercise 13.1): the forward pass, vectorised; save what backward unpacks.
 
         CONTRACT: `x` is `(..., D)`; `weight` and `bias` are `(D,)`; the variance is the biased one
-        (divide by D), as in PyTorch; the result has `x`'s shape and dtype.
+        (divide by D), as in PyTorch; the result has `x`'s shape and dtype. Save exactly three
+        arrays, in this order: the normalised input `x_hat`, `r = 1 / sqrt(var + eps)` (shape
+        `(..., 1)`) and `weight` (backward reads them by position).
+        EXAMPLE: a row `[1, 2, 3]` with unit weight and zero bias gives about `[-1.2247, 0, 1.2247]`.
+
+        HINTS: `np.mean` with `keepdims`; `ctx.save`.
         """
         ### BEGIN SOLUTION
         mean = x.mean(axis=-1, keepdims=True)
@@ -42,13 +46,15 @@ class LayerNormFunction(Function):
 
     @staticmethod
     def backward(ctx, grad: np.ndarray):
-        """Return `(grad_x, grad_weight, grad_bias, None)`.
+        """Return `(grad_x, grad_weight, grad_bias, None)` (no gradient for `eps`).
 
-        TODO (Exercise 13.1b): with `g = grad * weight` (the gradient reaching the normalised
-        input), `grad_x = inv_std * (g - mean(g) - xhat * mean(g * xhat))`, means over the last
-        axis. The weight and bias gradients sum over every axis but the last.
+        TODO (Exercise 13.2): the formula derived above, vectorised over all rows at once.
 
-        HINT: derive it once on paper: the mean and the variance both depend on every element.
+        CONTRACT: `grad` has the output's shape `(..., D)`; `grad_x` has `x`'s shape; `grad_weight`
+        and `grad_bias` are `(D,)`, summed over every axis but the last.
+
+        HINTS: `np.mean` with `keepdims` for the per-row means; `np.sum` over a tuple of axes
+        (`range` builds it) for the parameters.
         """
         xhat, inv_std, weight = ctx.saved
         ### BEGIN SOLUTION
@@ -67,9 +73,7 @@ class LayerNorm(Module):
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
-        if not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or dim <= 0:
-            raise ValueError(f"LayerNorm: dim must be a positive integer; got {dim!r}")
-        self.dim, self.eps = int(dim), float(eps)
+        self.dim, self.eps = check_positive_int(dim, "dim", "LayerNorm"), float(eps)
         self.weight = Tensor(np.ones(self.dim, dtype=np.float32), requires_grad=True)
         self.bias = Tensor(np.zeros(self.dim, dtype=np.float32), requires_grad=True)
 
@@ -88,7 +92,7 @@ class MLP(Module):
 
     def __init__(self, embed_dim: int, hidden_mult: int = 4, dropout: float = 0.0, rng=None):
         super().__init__()
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        gen = as_generator(rng)
         self.fc = Linear(embed_dim, hidden_mult * embed_dim, init="xavier", rng=gen)
         self.act = GELU()
         self.proj = Linear(hidden_mult * embed_dim, embed_dim, init="xavier", rng=gen)
@@ -106,25 +110,67 @@ class TransformerBlock(Module):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, rng=None):
         super().__init__()
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        gen = as_generator(rng)
         self.ln1 = LayerNorm(embed_dim)
         self.attn = MultiHeadAttention(embed_dim, num_heads, rng=gen)
         self.drop = Dropout(dropout, seed=gen)
         self.ln2 = LayerNorm(embed_dim)
         self.mlp = MLP(embed_dim, dropout=dropout, rng=gen)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache=None, key_padding_mask=None) -> Tensor:
         """Return the block's output for `x` of shape `(B, T, E)`.
 
-        TODO (Exercise 13.2): two residual branches, each normalised *before* its sub-layer
-        (pre-norm), attention causal; the attention branch goes through `self.drop`.
+        TODO (Exercise 13.3): two residual branches, each normalised *before* its sub-layer
+        (pre-norm), the attention causal; the attention branch goes through `self.drop`.
 
         CONTRACT: same shape as `x`; the output at position t depends only on positions <= t.
+        `cache` (this layer's KV cache or None) and `key_padding_mask` (`(B, T_keys)` boolean, True =
+        padding) go to the attention's keyword arguments of the same names, unchanged.
         """
         ### BEGIN SOLUTION
-        x = x + self.drop(self.attn(self.ln1(x), is_causal=True))
+        x = x + self.drop(self.attn(self.ln1(x), is_causal=True, cache=cache, key_padding_mask=key_padding_mask))
         return x + self.mlp(self.ln2(x))
         ### END SOLUTION
+
+# %% ../../modules/13_transformers/13_transformers.ipynb #gpt-sample
+def sample_next(logits, temperature: float = 1.0, top_k: int | None = None, rng=None) -> np.ndarray:
+    """One token id per row of `logits` `(B, V)`: greedy, or sampled with temperature and top-k; int64 `(B,)`.
+
+    TODO (Exercise 13.4): temperature, then top-k, then a softmax, then one draw per row.
+
+    CONTRACT:
+    - `temperature == 0`: the argmax of each row (greedy), no random number drawn.
+    - Otherwise divide the logits by `temperature`; when `top_k` is given and smaller than `V`,
+      keep the `top_k` largest logits of each row (and any equal to the `top_k`-th largest), the
+      others get probability exactly 0; softmax in float64 with the maximum subtracted; then draw
+      one index per row from `rng` (`as_generator(rng)` is applied for you).
+    - The checks are given: a negative temperature, a `top_k` that is not a positive integer or
+      logits that are not 2-D raise ValueError naming the value.
+    EXAMPLE: `sample_next(np.array([[0.0, 5.0, 1.0]]), temperature=0)` is `array([1])`.
+
+    HINTS: `np.partition` (or `np.sort`) finds each row's `top_k`-th largest value; `np.where` with
+    `-np.inf`; a Generator's `random` method with `np.cumsum` (or its `choice` method, row by row).
+    """
+    logits = np.asarray(logits.data if isinstance(logits, Tensor) else logits, dtype=np.float64)
+    if logits.ndim != 2:
+        raise ValueError(f"sample_next: logits must be 2-D (batch, vocab); got shape {logits.shape}")
+    if temperature < 0:
+        raise ValueError(f"sample_next: temperature must be >= 0 (0 is greedy); got {temperature}")
+    if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"sample_next: top_k must be a positive integer or None; got {top_k!r}")
+    rng = as_generator(rng)
+    ### BEGIN SOLUTION
+    if temperature == 0:
+        return logits.argmax(axis=-1).astype(np.int64)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = np.partition(logits, -top_k, axis=-1)[:, -top_k][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    u = rng.random((p.shape[0], 1)) * p.sum(axis=-1, keepdims=True)
+    return np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), p.shape[-1] - 1).astype(np.int64)
+    ### END SOLUTION
 
 # %% ../../modules/13_transformers/13_transformers.ipynb #gpt-model
 class GPT(Module):
@@ -147,9 +193,8 @@ class GPT(Module):
         super().__init__()
         for label, n in (("vocab_size", vocab_size), ("context_length", context_length), ("embed_dim", embed_dim),
                          ("num_heads", num_heads), ("num_layers", num_layers)):
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
-                raise ValueError(f"GPT: {label} must be a positive integer; got {n!r}")
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+            check_positive_int(n, label, "GPT")
+        gen = as_generator(rng)
         self.vocab_size, self.context_length = int(vocab_size), int(context_length)
         self.tok_emb = Embedding(vocab_size, embed_dim, rng=gen)
         self.tok_emb.weight.data *= 0.02   # GPT-2's scale: N(0, 0.02^2)
@@ -159,22 +204,66 @@ class GPT(Module):
         self.ln_f = LayerNorm(embed_dim)
         self.head = Linear(embed_dim, vocab_size, bias=False, init="xavier", rng=gen)
 
-    def forward(self, idx) -> Tensor:
-        """Logits `(B, T, vocab_size)` for token ids `idx` of shape `(B, T)`, `T <= context_length`.
-
-        TODO (Exercise 13.3): embed the tokens, add the positions, dropout, the blocks in order,
-        the final LayerNorm, the head.
-        """
+    def _prepare(self, idx, start_pos, cache, attention_mask):
+        """The serving seam (given): check the ids, `start_pos`, the caches and the mask, with errors
+        that name the shapes. Returns `(ids, caches, positions, key_padding_mask)`: `caches` one entry
+        per block (all None without a cache), `positions` None or `(B, T)` position ids, and
+        `key_padding_mask` None or `(B, T_keys)` boolean (True = padding), `T_keys` being
+        `start_pos + T` with a cache (the cached keys count) and `T` without."""
         idx = idx.data if isinstance(idx, Tensor) else np.asarray(idx)
         if idx.ndim != 2:
             raise ValueError(f"GPT: expected token ids of shape (batch, seq); got {idx.shape}")
-        if idx.shape[1] > self.context_length:
-            raise ValueError(f"GPT: a sequence of {idx.shape[1]} tokens is longer than context_length="
-                             f"{self.context_length}; crop it to the last {self.context_length} tokens")
+        b, t = idx.shape
+        if not isinstance(start_pos, numbers.Integral) or isinstance(start_pos, bool) or start_pos < 0:
+            raise ValueError(f"GPT: start_pos must be a non-negative integer; got {start_pos!r}")
+        if start_pos == 0 and t > self.context_length:
+            raise ValueError(f"GPT: a sequence of {t} tokens is longer than context_length={self.context_length}; "
+                             f"crop it to the last {self.context_length} tokens")
+        if start_pos + t > self.context_length:
+            raise ValueError(f"GPT: start_pos={start_pos} + {t} tokens = {start_pos + t} exceeds context_length="
+                             f"{self.context_length}: the positional table has no row for position {start_pos + t - 1}")
+        if cache is None:
+            caches = [None] * len(self.blocks)
+        else:
+            caches = list(cache) if isinstance(cache, (list, tuple)) else None
+            if caches is None or len(caches) != len(self.blocks):
+                got = f"{type(cache).__name__} of length {len(caches)}" if caches is not None else type(cache).__name__
+                raise ValueError(f"GPT: cache must be a list of {len(self.blocks)} layer caches (one per block); got {got}")
+            for i, c in enumerate(caches):
+                held = getattr(c, "seq_len", None)
+                if held is not None and held != start_pos:
+                    raise ValueError(f"GPT: the cache of block {i} holds {held} positions but start_pos={start_pos}: "
+                                     f"the new tokens must start where the cached ones end (start_pos = {held})")
+        positions = key_padding_mask = None
+        if attention_mask is not None:
+            m = np.asarray(attention_mask.data if isinstance(attention_mask, Tensor) else attention_mask)
+            if m.shape != (b, start_pos + t):
+                raise ValueError(f"GPT: attention_mask must have shape (batch, start_pos + seq) = ({b}, {start_pos + t}) "
+                                 f"for ids of shape {idx.shape} at start_pos={start_pos}; got {m.shape}")
+            if not np.isin(m, (0, 1)).all():
+                raise ValueError(f"GPT: attention_mask must hold 1 (token) and 0 (padding) only; got values "
+                                 f"{np.unique(m)[:5].tolist()}")
+            keep = m.astype(bool)
+            positions = np.maximum(np.cumsum(keep, axis=1) - 1, 0)[:, start_pos:]
+            key_padding_mask = ~keep if cache is not None else ~keep[:, start_pos:]
+        return idx, caches, positions, key_padding_mask
+
+    def forward(self, idx, start_pos: int = 0, cache=None, attention_mask=None) -> Tensor:
+        """Logits `(B, T, vocab_size)` for token ids `idx` `(B, T)` at positions `start_pos .. start_pos + T - 1`.
+
+        TODO (Exercise 13.5): embed the tokens, add the positions, dropout, the blocks in order, the
+        final LayerNorm, the head.
+
+        CONTRACT: `_prepare` (given) checks the arguments and returns `(ids, caches, positions,
+        key_padding_mask)`. The positional embedding takes `start_pos` and `positions` (module 11:
+        `positions`, when not None, replaces `start_pos`); block `i` takes `caches[i]` as its
+        `cache` and the key padding mask. Without cache and mask, `forward(idx)` is the plain GPT.
+        """
+        idx, caches, positions, key_padding_mask = self._prepare(idx, start_pos, cache, attention_mask)
         ### BEGIN SOLUTION
-        x = self.drop(self.pos_emb(self.tok_emb(idx)))
-        for block in self.blocks:
-            x = block(x)
+        x = self.drop(self.pos_emb(self.tok_emb(idx), start_pos=start_pos, positions=positions))
+        for block, layer_cache in zip(self.blocks, caches):
+            x = block(x, cache=layer_cache, key_padding_mask=key_padding_mask)
         return self.head(self.ln_f(x))
         ### END SOLUTION
 
@@ -182,18 +271,18 @@ class GPT(Module):
                  seed=None) -> np.ndarray:
         """Extend `idx` `(B, T)` by `max_new_tokens` sampled tokens; returns ids `(B, T + max_new_tokens)`.
 
-        TODO (Exercise 13.4): the sampling loop, under `no_grad` and in eval mode (restore the
-        mode afterwards).
+        TODO (Exercise 13.6): the sampling loop, without a cache, under `no_grad` and in eval mode
+        (restore the previous mode afterwards, also when an error interrupts the loop).
 
         CONTRACT:
-        - Each step feeds the last `context_length` tokens, takes the logits of the last
-          position, divides them by `temperature`, keeps only the `top_k` largest (the others get
-          probability 0) when `top_k` is given, and samples from the softmax with
-          `np.random.default_rng(seed)`: the same seed gives the same tokens.
-        - `temperature == 0` means greedy (argmax); a negative temperature or `top_k < 1` raises
-          ValueError naming the value.
-        HINTS: `np.argpartition` or a sort finds the k-th largest logit; `Generator.choice` or
-        comparing a uniform draw with a cumulative sum samples an index.
+        - Each step feeds the last `context_length` tokens to `forward`, takes the logits of the last
+          position and picks the next token with `sample_next(logits, temperature, top_k, rng)`.
+        - `rng` is ONE generator for the whole loop, made from `seed` with `as_generator`: the same
+          seed gives the same tokens, and every step draws new random numbers.
+        - The checks are given (a negative temperature or a `top_k < 1` raise ValueError).
+
+        HINTS: `no_grad`; the `training` flag with `eval` and `train`; `try` / `finally`;
+        `np.concatenate`.
         """
         idx = np.array(idx.data if isinstance(idx, Tensor) else idx, dtype=np.int64)
         if temperature < 0:
@@ -201,25 +290,15 @@ class GPT(Module):
         if top_k is not None and (not isinstance(top_k, numbers.Integral) or top_k < 1):
             raise ValueError(f"generate: top_k must be a positive integer or None; got {top_k!r}")
         ### BEGIN SOLUTION
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         was_training = self.training
         self.eval()
         try:
             with no_grad():
                 for _ in range(max_new_tokens):
-                    logits = self.forward(idx[:, -self.context_length:]).data[:, -1, :].astype(np.float64)
-                    if temperature == 0:
-                        nxt = logits.argmax(axis=-1)
-                    else:
-                        logits = logits / temperature
-                        if top_k is not None and top_k < logits.shape[-1]:
-                            kth = np.partition(logits, -top_k, axis=-1)[:, -top_k][:, None]
-                            logits = np.where(logits < kth, -np.inf, logits)
-                        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-                        p /= p.sum(axis=-1, keepdims=True)
-                        u = rng.random((p.shape[0], 1)) * p.sum(axis=-1, keepdims=True)
-                        nxt = np.minimum((p.cumsum(axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
-                    idx = np.concatenate([idx, nxt[:, None].astype(np.int64)], axis=1)
+                    logits = self.forward(idx[:, -self.context_length:]).data[:, -1, :]
+                    nxt = sample_next(logits, temperature, top_k, rng)
+                    idx = np.concatenate([idx, nxt[:, None]], axis=1)
         finally:
             self.train(was_training)
         return idx

@@ -8,12 +8,12 @@ import numbers
 import numpy as np
 
 from ..core.autograd import Function
-from ..core.layers import Module, as_generator
+from ..core.layers import Module, as_generator, check_positive_int
 from ..core.tensor import Tensor
 
 # %% auto #0
 __all__ = ['check_ids', 'EmbeddingLookup', 'Embedding', 'sinusoidal_positions', 'SinusoidalPositionalEncoding',
-           'LearnedPositionalEmbedding']
+           'LearnedPositionalEmbedding', 'sparse_embedding_grad']
 
 # %% ../../modules/11_embeddings/11_embeddings.ipynb #embeddings-check
 def check_ids(ids, num_embeddings: int, who: str = "Embedding") -> np.ndarray:
@@ -80,10 +80,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, rng=None):
         super().__init__()
-        for label, n in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
-                raise ValueError(f"Embedding: {label} must be a positive integer; got {n!r}")
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings", "Embedding")
+        self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim", "Embedding")
         table = as_generator(rng).standard_normal((self.num_embeddings, self.embedding_dim)).astype(np.float32)
         self.weight = Tensor(table, requires_grad=True)
 
@@ -101,16 +99,16 @@ def sinusoidal_positions(max_len: int, dim: int) -> np.ndarray:
 
     CONTRACT: for position `p` and `i = 0, 1, ..., ` the column pair `(2i, 2i + 1)` holds
     `sin(p / 10000 ** (2i / dim))` and `cos(p / 10000 ** (2i / dim))`; for an odd `dim` the last
-    column is a sine. `max_len` and `dim` must be positive integers, else ValueError
-    ("sinusoidal_positions: max_len and dim must be positive integers; got ...").
+    column is a sine. `max_len` and `dim` are checked (given) with `check_positive_int`
+    ("sinusoidal_positions: max_len must be a positive integer; got 0").
     EXAMPLE: row 0 is `[0, 1, 0, 1, ...]` (sin 0, cos 0).
 
     HINTS: an outer product of positions and frequencies (broadcasting a column against a row);
     slicing with a step of 2 addresses the even and odd columns; compute in float64, return float32.
     """
+    max_len = check_positive_int(max_len, "max_len", "sinusoidal_positions")
+    dim = check_positive_int(dim, "dim", "sinusoidal_positions")
     ### BEGIN SOLUTION
-    if not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n > 0 for n in (max_len, dim)):
-        raise ValueError(f"sinusoidal_positions: max_len and dim must be positive integers; got max_len={max_len!r}, dim={dim!r}")
     pos = np.arange(max_len, dtype=np.float64)[:, None]
     freq = 10000.0 ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
     angles = pos * freq
@@ -121,19 +119,33 @@ def sinusoidal_positions(max_len: int, dim: int) -> np.ndarray:
     ### END SOLUTION
 
 # %% ../../modules/11_embeddings/11_embeddings.ipynb #embeddings-positional
-def _check_positions(x: Tensor, max_len: int, dim: int, who: str) -> int:
-    "The sequence length of `x` (`(T, D)` or `(B, T, D)`), after checking it fits the table."
+def _check_positions(x: Tensor, max_len: int, dim: int, who: str, start_pos: int = 0) -> int:
+    "The sequence length of `x` (`(T, D)` or `(B, T, D)`), after checking that positions `start_pos..start_pos+T-1` exist."
     if x.ndim not in (2, 3) or x.shape[-1] != dim:
         raise ValueError(f"{who}: expected input of shape (batch, seq, {dim}) or (seq, {dim}); got {x.shape}")
+    if not isinstance(start_pos, numbers.Integral) or isinstance(start_pos, bool) or start_pos < 0:
+        raise ValueError(f"{who}: start_pos must be a non-negative integer; got {start_pos!r}")
     seq = x.shape[-2]
-    if seq > max_len:
-        raise ValueError(f"{who}: a sequence of {seq} positions is longer than max_len={max_len}: "
-                         f"create the encoding with a larger max_len")
+    if start_pos + seq > max_len:
+        raise ValueError(f"{who}: start_pos={start_pos} + {seq} positions = {start_pos + seq} exceeds max_len={max_len}: "
+                         f"create the encoding with a larger max_len (or crop the sequence)")
     return seq
 
 
+def _check_position_ids(positions, x: Tensor, max_len: int, who: str) -> np.ndarray:
+    "Per-token position ids `(B, T)` or `(T,)` for `x`, each in `0..max_len-1`, as an integer array, or a clear error."
+    pos = np.asarray(positions.data if isinstance(positions, Tensor) else positions)
+    if pos.dtype.kind not in "iu" or pos.shape not in (x.shape[:-1], x.shape[-2:-1]):
+        raise ValueError(f"{who}: positions must be integers of shape {x.shape[:-1]} (one per token of x {x.shape}) "
+                         f"or {x.shape[-2:-1]}; got {pos.dtype} {pos.shape}")
+    if pos.size and (pos.min() < 0 or pos.max() >= max_len):
+        bad = int(pos.min()) if pos.min() < 0 else int(pos.max())
+        raise ValueError(f"{who}: position {bad} is outside 0..{max_len - 1} (max_len={max_len})")
+    return pos
+
+
 class SinusoidalPositionalEncoding(Module):
-    """Adds the fixed sinusoidal encodings of positions `0..T-1` to `x` of shape `(B, T, D)` or `(T, D)`.
+    """Adds the fixed sinusoidal encodings of positions `start_pos..start_pos+T-1` to `x` `(B, T, D)` or `(T, D)`.
 
     The table is a constant (no parameters): it costs memory once and generalises to any position
     below `max_len` without training.
@@ -141,12 +153,16 @@ class SinusoidalPositionalEncoding(Module):
 
     def __init__(self, max_len: int, dim: int):
         super().__init__()
-        self.max_len, self.dim = int(max_len), int(dim)
+        self.max_len = check_positive_int(max_len, "max_len", "SinusoidalPositionalEncoding")
+        self.dim = check_positive_int(dim, "dim", "SinusoidalPositionalEncoding")
         self.table = Tensor(sinusoidal_positions(self.max_len, self.dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        seq = _check_positions(x, self.max_len, self.dim, "SinusoidalPositionalEncoding")
-        return x + self.table[:seq]
+    def forward(self, x: Tensor, start_pos: int = 0, positions=None) -> Tensor:
+        "`x` plus the codes of positions `start_pos..start_pos+T-1` (or of the per-token `positions`, see the learned one)."
+        seq = _check_positions(x, self.max_len, self.dim, "SinusoidalPositionalEncoding", start_pos)
+        if positions is not None:
+            return x + Tensor(self.table.data[_check_position_ids(positions, x, self.max_len, "SinusoidalPositionalEncoding")])
+        return x + self.table[start_pos:start_pos + seq]
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, dim={self.dim}"
@@ -160,23 +176,59 @@ class LearnedPositionalEmbedding(Module):
 
     def __init__(self, max_len: int, dim: int, rng=None):
         super().__init__()
-        self.max_len, self.dim = int(max_len), int(dim)
+        self.max_len = check_positive_int(max_len, "max_len", "LearnedPositionalEmbedding")
+        self.dim = check_positive_int(dim, "dim", "LearnedPositionalEmbedding")
         self.weight = Tensor(as_generator(rng).normal(0.0, 0.02, (self.max_len, self.dim)).astype(np.float32),
                              requires_grad=True)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Return `x` plus the first `T` rows of the table, `T` being `x`'s sequence length.
+    def forward(self, x: Tensor, start_pos: int = 0, positions=None) -> Tensor:
+        """Return `x` plus rows `start_pos, ..., start_pos + T - 1` of the table, `T` being `x`'s sequence length.
 
         TODO (Exercise 11.4): one slice and one broadcast addition, both recorded Tensor ops, so
         the rows used receive gradients (and no others).
 
-        CONTRACT: `x` of shape `(B, T, D)` or `(T, D)` with `D == dim` and `T <= max_len`;
-        `_check_positions` (given) raises the clear errors and returns `T`.
+        CONTRACT: `x` of shape `(B, T, D)` or `(T, D)` with `D == dim` and `start_pos + T <= max_len`;
+        `_check_positions` (given) raises the clear errors and returns `T`. Position `t` of `x` gets
+        row `start_pos + t`: `lpe(x[:, k:], start_pos=k)` equals `lpe(x)[:, k:]`. (Given: `positions`,
+        per-token position ids `(B, T)`, replace `start_pos` for a padded batch whose rows start at
+        different positions; they are looked up with `EmbeddingLookup`.)
         """
-        seq = _check_positions(x, self.max_len, self.dim, "LearnedPositionalEmbedding")
+        seq = _check_positions(x, self.max_len, self.dim, "LearnedPositionalEmbedding", start_pos)
+        if positions is not None:
+            return x + EmbeddingLookup.apply(self.weight, _check_position_ids(positions, x, self.max_len,
+                                                                             "LearnedPositionalEmbedding"))
         ### BEGIN SOLUTION
-        return x + self.weight[:seq]
+        return x + self.weight[start_pos:start_pos + seq]
         ### END SOLUTION
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, dim={self.dim}"
+
+# %% ../../modules/11_embeddings/11_embeddings.ipynb #embeddings-sparse
+def sparse_embedding_grad(ids, grad) -> tuple[np.ndarray, np.ndarray]:
+    """The table's gradient in coordinate form: `(indices, values)`, as PyTorch's coalesced sparse gradient.
+
+    TODO (Exercise 11.5): `indices` are the distinct ids, in increasing order; row `r` of `values`
+    is the sum of the gradient rows of every position holding id `indices[r]`. Scattering
+    `values` into a zero `(V, D)` table at `indices` gives `EmbeddingLookup.backward`'s result.
+
+    CONTRACT: `ids` of shape `S` (integers), `grad` of shape `S + (D,)`, both NumPy arrays;
+    returns `indices` int64 of shape `(R,)` and `values` of shape `(R, D)` in `grad`'s dtype, `R`
+    the number of distinct ids. The shape check is given ("sparse_embedding_grad: grad of shape
+    (2, 3) does not fit ids of shape (4,): expected (4, D)").
+    EXAMPLE: ids `[1, 3, 1]`, grad `[[1.], [2.], [4.]]` -> indices `[1, 3]`, values `[[5.], [2.]]`.
+
+    HINTS: `np.unique` and its `return_inverse` option give each position the index of its
+    distinct id; then a scatter-add as in Exercise 11.2, into `R` rows instead of `V`.
+    """
+    ids, grad = np.asarray(ids), np.asarray(grad)
+    if grad.shape[:-1] != ids.shape or grad.ndim == 0:
+        expected = "(" + ", ".join([str(n) for n in ids.shape] + ["D"]) + ")"
+        raise ValueError(f"sparse_embedding_grad: grad of shape {grad.shape} does not fit ids of shape {ids.shape}: "
+                         f"expected {expected}")
+    ### BEGIN SOLUTION
+    indices, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+    values = np.zeros((indices.size, grad.shape[-1]), dtype=grad.dtype)
+    np.add.at(values, inverse.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+    return indices.astype(np.int64), values
+    ### END SOLUTION
