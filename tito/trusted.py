@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ import nbformat
 from . import probes as P
 from .course import CourseError, Module, edition_env
 from .notebooks import ANSI_RE, exercise_label, is_test_cell
+from .notebooks import read as read_notebook
 
 CHECK_ERROR = "AutograderCheck"  # ename of the error output a failed trusted check adds to its cell
 NOTE_PREFIX = "[autograder] "
@@ -71,23 +73,32 @@ class Plan:
             return None
         seed = new_seed() if seed is None else seed
         name, rel = package_module_name(root, module)
+        # the reference: the instructor's notebook exported the way a submission is, over the course's package
+        text, skipped = P.exported_source(read_notebook(module.notebook))
+        if skipped:
+            raise CourseError(f"{module.notebook}: exported cells that do not parse: {'; '.join(skipped)}")
         groups = P.groups_for(module.number)
         for g in groups:
-            g["sources"] = P.reference_sources(root / rel, g["uses"]) if g["uses"] else {}
+            g["sources"] = P.reference_sources(text, g["uses"]) if g["uses"] else {}
         plan = cls(module, seed, name, rel, groups, timeout_s=timeout_s)
-        plan.reference = plan._run_reference(root)
+        plan.reference = plan._run_reference(root, text)
         return plan
 
     def base(self) -> dict:
         return {"module": self.module.number, "seed": self.seed, "package_module": self.package_module}
 
-    def _run_reference(self, root: Path) -> dict[str, tuple[dict, str]]:
-        env = edition_env(root)
-        env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    def _run_reference(self, root: Path, text: str) -> dict[str, tuple[dict, str]]:
         # the reference needs no substitutes: it is the reference
         groups = [{"exercises": [e for g in self.groups for e in g["exercises"]], "sources": {}}]
         with tempfile.TemporaryDirectory(prefix="tito-reference-") as tmp:
-            raw = P.run_groups(self.base(), groups, sys.executable, env, Path(tmp), budget_s=600, exercise_s=120)
+            pkg = Path(tmp) / "pkg"
+            shutil.copytree(root / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            (pkg / self.package_rel).write_text(text, encoding="utf-8")
+            env = edition_env(pkg)
+            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+            env["PYTHONPATH"] = os.pathsep.join([str(pkg), str(Path(__file__).resolve().parent.parent)])
+            raw = P.run_groups(self.base(), groups, sys.executable, env, Path(tmp) / "work", budget_s=600,
+                               exercise_s=120)
         out = P.read_results(raw)
         broken = {e: r[1] for e, r in out.items() if r[1]}
         if broken or set(out) != {e for g in self.groups for e in g["exercises"]}:

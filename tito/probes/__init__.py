@@ -393,10 +393,9 @@ def _def_node(tree: ast.Module, name: str):
     raise LookupError(f"{name} not found")
 
 
-def reference_sources(package_file: Path, names) -> dict[str, str]:
-    """{name: source} of functions or `Class.method`s of the reference module file (decorators kept, dedented;
+def reference_sources(text: str, names) -> dict[str, str]:
+    """{name: source} of functions or `Class.method`s of the reference module's text (decorators kept, dedented;
     `super()` made explicit so a method works when set on the student's class)."""
-    text = Path(package_file).read_text(encoding="utf-8")
     tree = ast.parse(text)
     lines = text.splitlines(keepends=True)
     out = {}
@@ -417,22 +416,52 @@ def install_sources(module, sources: dict[str, str]) -> None:
         scratch: dict = {}
         exec(compile(src, f"<reference {name}>", "exec"), module.__dict__, scratch)
         cls, _, fname = name.rpartition(".")
-        setattr(getattr(module, cls) if cls else module, fname, scratch[fname])
+        owner = getattr(module, cls) if cls else module
+        old = getattr(owner, fname, None)
+        setattr(owner, fname, scratch[fname])
+        if not cls and old is not None:  # tables of the module that hold the old function (BACKWARD_RULES)
+            for value in list(vars(module).values()):
+                if isinstance(value, dict):
+                    for k, v in list(value.items()):
+                        if v is old:
+                            value[k] = scratch[fname]
 
 
 # ------------------------------------------------------------------ the student's exported code
 
 
+def _definitions(src: str) -> str:
+    """The top-level `def`s and `class`es of a cell (nothing else of it runs on import)."""
+    tree = ast.parse(src)
+    lines = src.splitlines(keepends=True)
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            out.append("".join(lines[first - 1: node.end_lineno]))
+    return "\n".join(out)
+
+
 def exported_source(nb) -> tuple[str, list[str]]:
-    """The module nbdev would export from notebook `nb` (its `#| export` cells, in order), and a note for each
-    exported cell left out because it is not valid Python (the rest of the module is still checked).
+    """The module nbdev would export from notebook `nb` (its `#| export` cells, in order), plus the definitions
+    of graded solution cells that are not exported (Exercise 6.1's `two_layer_grads`), and a note for each
+    such cell left out because it is not valid Python (the rest of the module is still checked).
     Pure text processing: nothing of the notebook is run here."""
     future, parts, skipped = [], [], []
     for i, cell in enumerate(nb.cells):
         if cell.get("cell_type") != "code":
             continue
         src = cell.get("source", "")
+        solution = bool((cell.get("metadata", {}).get("nbgrader") or {}).get("solution"))
         if not re.search(r"^#\|\s*export\s*$", src, re.M):
+            if solution:
+                try:
+                    defs = _definitions(src)
+                except SyntaxError as e:
+                    skipped.append(f"cell {i + 1}: {type(e).__name__} on line {e.lineno}: {e.msg}")
+                    continue
+                if defs:
+                    parts.append(f"# cell {i + 1} (not exported: its definitions)\n{defs}\n")
             continue
         body = "\n".join(ln for ln in src.splitlines() if not re.match(r"^#\|", ln))
         kept = []
