@@ -272,6 +272,10 @@ def _fmt(v) -> str:
     return repr(v)[:120]
 
 
+def _num(v) -> str:
+    return f"{complex(v):.6g}" if isinstance(v, complex) or np.iscomplexobj(v) else f"{float(v):.6g}"
+
+
 def compare(got, want, p: Probe, where: str) -> str:
     """'' when `got` (the student's) matches `want` (the reference's) within the probe's tolerances; else why not."""
     if isinstance(got, Raised) and got.kind == "NotImplementedError" and not (
@@ -307,7 +311,7 @@ def compare(got, want, p: Probe, where: str) -> str:
                 bad = int((~close).sum())
                 at = f" at index {tuple(int(k) for k in i)}" if close.ndim else ""
                 return (f"{where}: {bad} of {close.size} values differ from the reference{at}: "
-                        f"got {af[i]!r}, expected {bf[i]!r} (rtol {p.rtol:g}, atol {p.atol:g})")
+                        f"got {_num(af[i])}, expected {_num(bf[i])} (rtol {p.rtol:g}, atol {p.atol:g})")
             return ""
         if not np.array_equal(a, b):
             diff = np.argwhere(a != b) if a.shape == b.shape and a.ndim else []
