@@ -105,7 +105,7 @@ def traversal(rng, rec):
     # accumulation, a grad= argument, a leaf .grad that must not share the upstream buffer
     a = leaf(rng, 3)
     g = rng.standard_normal(3).astype(np.float32)
-    rec.call("first", backward, a * 1.0, g)
+    rec.call("first", backward, a + 0.0, g)  # the add rule passes the upstream gradient through
     g[:] = 100.0
     rec["after_mutation"] = a.grad
     rec.call("second", backward, (a * a)[1:], np.ones(2, dtype=np.float32))
