@@ -8,7 +8,11 @@ The job arrives as JSON on stdin (so nothing of it needs to be readable on disk 
 The worker writes the package files under WORKDIR/pkg (first on the kernel's PYTHONPATH), runs the
 notebook cell by cell in a fresh kernel whose working directory and HOME are WORKDIR, and writes
 one JSON object to stdout: {"notebook": <executed>, "status": "ok" | "timed out" | "kernel died" |
-"error", "reason": "..."}.
+"error", "reason": "...", "probes": {...}}.
+
+With a `probe` job (tito.trusted.Plan.job: the student's exported module, the seed, the exercise
+groups), it then runs the trusted checks' probes over that module in fresh processes of the same
+sandbox and returns their records (data only) under "probes"; tito checks them against the reference.
 
 Every graded cell ends up with an outcome nbgrader can score: a cell that was never run (the
 notebook ran out of time, the kernel died) gets an error output saying so, because nbgrader gives
@@ -177,8 +181,30 @@ def run(job: dict) -> dict:
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and cell.source.strip() and i not in executed:
             cell.outputs = [_error_output("NotRun", why)]
-    return {"notebook": nbformat.writes(nb), "status": status, "reason": reason,
-            "seconds": round(time.monotonic() - start, 2)}
+    result = {"notebook": nbformat.writes(nb), "status": status, "reason": reason}
+    if job.get("probe"):
+        result["probes"] = run_probes(job["probe"], work, job.get("files", {}))
+    result["seconds"] = round(time.monotonic() - start, 2)
+    return result
+
+
+def run_probes(probe: dict, work: Path, files: dict) -> dict:
+    """The trusted checks' probes (tito.probes) over the student's exported module, each group in a fresh process
+    of this sandbox: only their records (data) go back; the expected values are never here."""
+    from tito.probes import run_groups
+
+    checked = work / "checked"  # a fresh prerequisite package copy plus the student's exported module
+    for rel, data in [*files.items(), *probe.get("files", {}).items()]:
+        dest = checked / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(base64.b64decode(data))
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")}
+    env.update(HOME=str(work / "home"), MPLBACKEND="Agg", MPLCONFIGDIR=str(work / "home" / ".matplotlib"),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="2",
+               PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=os.pathsep.join([str(checked), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    base = {k: probe[k] for k in ("module", "seed", "package_module")}
+    return run_groups(base, probe["groups"], sys.executable, env, work / "probes", float(probe.get("timeout_s", 60)))
 
 
 def main() -> int:

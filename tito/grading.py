@@ -53,7 +53,7 @@ from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_tes
 from .progress import atomic_write_text
 
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-ENGINE_VERSION = "2"  # part of every fingerprint: bump to re-grade everything after an engine change
+ENGINE_VERSION = "3"  # part of every fingerprint: bump to re-grade everything after an engine change
 
 GRADED, REVIEW, FAILED, TIMED_OUT, KERNEL_DIED = "graded", "needs review", "failed", "timed out", "kernel died"
 ATTENTION = (REVIEW, FAILED, TIMED_OUT, KERNEL_DIED)
@@ -106,6 +106,7 @@ class GradingSettings:
     exchange: str
     output_limit: int  # characters of output kept per cell ([grading] output_limit_kb)
     notebook_output_limit: int  # and per notebook ([grading] notebook_output_limit_kb)
+    probe_timeout: float = 60.0  # seconds for a submission's trusted checks ([grading] probe_timeout)
 
     @classmethod
     def load(cls, settings: Settings) -> "GradingSettings":
@@ -123,12 +124,13 @@ class GradingSettings:
                   feedback_hidden_tests=hidden == "true",
                   exchange=settings.get("grading", "exchange", "").strip(),
                   output_limit=int(settings.number("grading", "output_limit_kb", 100) * 1000),
-                  notebook_output_limit=int(settings.number("grading", "notebook_output_limit_kb", 2000) * 1000))
+                  notebook_output_limit=int(settings.number("grading", "notebook_output_limit_kb", 2000) * 1000),
+                  probe_timeout=settings.number("grading", "probe_timeout", 60))
         if out.max_processes < 8:
             raise CourseError(f"settings.ini: [grading] max_processes = {out.max_processes} is too small: a kernel "
                               "and its worker need about 8; 256 is the default")
-        if out.notebook_timeout <= 0 or out.cell_timeout <= 0 or out.memory_gb < 0:
-            raise CourseError("settings.ini: [grading] notebook_timeout, [execution] cell_timeout must be positive "
+        if out.notebook_timeout <= 0 or out.cell_timeout <= 0 or out.memory_gb < 0 or out.probe_timeout <= 0:
+            raise CourseError("settings.ini: [grading] notebook_timeout, probe_timeout, [execution] cell_timeout must be positive "
                               "and [grading] memory_gb may not be negative (0: no limit)")
         return out
 
@@ -541,6 +543,7 @@ class Job:
     review_ids: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     submitted_at: str = ""
+    probe: dict | None = None  # the trusted checks' job for the worker (tito.trusted.Plan.job)
 
 
 def _resources(settings: Settings, module: Module, student: str) -> dict:
@@ -556,8 +559,11 @@ def _fingerprint(sub_dir: Path, release_bytes: bytes, salt: str) -> str:
     return h.hexdigest()
 
 
-def _salt(g: GradingSettings) -> str:
-    return f"{ENGINE_VERSION}|{g.notebook_timeout}|{g.cell_timeout}|{g.memory_gb}"
+def _salt(g: GradingSettings, module: Module | None = None) -> str:
+    from .trusted import probe_digest
+
+    probes = probe_digest(module) if module is not None else ""
+    return f"{ENGINE_VERSION}|{g.notebook_timeout}|{g.cell_timeout}|{g.memory_gb}|{g.probe_timeout}|{probes}"
 
 
 def is_current(settings: Settings, module: Module, outcome: Outcome) -> bool:
@@ -566,7 +572,7 @@ def is_current(settings: Settings, module: Module, outcome: Outcome) -> bool:
     release = release_path(settings, module)
     if not sub_dir.is_dir() or not release.exists():
         return False
-    salt = _salt(GradingSettings.load(settings))
+    salt = _salt(GradingSettings.load(settings), module)
     return outcome.fingerprint == _fingerprint(sub_dir, release.read_bytes(), salt)
 
 
@@ -603,7 +609,8 @@ def _repair_other_metadata(nb, release) -> list[str]:
     return problems
 
 
-def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str) -> Job:
+def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str,
+            plan=None) -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 
@@ -646,6 +653,9 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
     except Exception as e:  # nbgrader's validation errors name the cell; keep its words
         raise _Fail(job, f"nbgrader could not prepare the notebook: {type(e).__name__}: {e}") from None
     job.notebook = nb
+    if plan is not None:
+        job.probe, notes = plan.job(nb)
+        job.log += notes
     return job
 
 
@@ -702,7 +712,7 @@ def _flag_grades(gb, module: Module, student: str, grade_ids: list[str] | None, 
     gb.db.commit()
 
 
-def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcome:
+def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None) -> Outcome:
     """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
     from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, LimitOutput
 
@@ -719,6 +729,14 @@ def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcom
         nb.cells.insert(0, note)
     resources = _resources(settings, module, job.student)
     name_stubs(nb)
+    trusted_log: list[str] = []
+    if plan is not None:  # every graded cell carries the trusted checker's verdict of its exercise
+        from .trusted import apply_verdicts, trusted_summary
+
+        verdicts = plan.verdicts(result.get("probes"))
+        apply_verdicts(nb, verdicts, trusted_log)
+        trusted_log = [f"trusted checks (seed {plan.seed}; each exercise's probe of your exported code against "
+                       "the reference):", *trusted_summary(verdicts), *trusted_log]
     for pp in (LimitOutput(), TitoSaveAutoGrades(), AssignLatePenalties(), CheckCellMetadata()):
         nb, resources = pp.preprocess(nb, resources)
     with _gradebook(settings) as gb:
@@ -733,7 +751,7 @@ def finish(settings: Settings, module: Module, job: Job, result: dict) -> Outcom
     if ts.exists():
         shutil.copy2(ts, dest / "timestamp.txt")
     job.log += [f"execution: {result['status']}" + (f" ({result.get('reason')})" if result.get("reason") else "")
-                + f" in {result.get('seconds', 0):g} s", "graded cells:"] + _cell_report(nb)
+                + f" in {result.get('seconds', 0):g} s", *trusted_log, "graded cells:"] + _cell_report(nb)
     return Outcome(job.student, score, max_score, status, reason, job.fingerprint, job.submitted_at,
                    seconds=float(result.get("seconds", 0)), integrity="; ".join(job.problems))
 
@@ -881,7 +899,8 @@ class WorkerPool:
                    else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
         payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": self.files, "workdir": workdir,
                               "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
-                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit})
+                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
+                              "probe": job.probe})
         with open(out, "wb") as fo, open(errf, "wb") as fe:
             proc = subprocess.Popen(box.command(sys.executable, workdir, slot), stdin=subprocess.PIPE, stdout=fo,
                                     stderr=fe, env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec())
@@ -891,7 +910,8 @@ class WorkerPool:
         except BrokenPipeError:
             pass
         now = time.monotonic()
-        self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot))
+        extra = g.probe_timeout if job.probe else 0
+        self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + extra + 30, workdir, slot))
         job.log.append(f"worker started (sandbox {box.mode}), limit {g.notebook_timeout:g} s per notebook, "
                        f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB, "
                        f"{box.max_processes} processes")
@@ -907,7 +927,8 @@ class WorkerPool:
         for p in (r.out, r.err):
             p.unlink(missing_ok=True)
         if killed:
-            return None, f"no result within {self.g.notebook_timeout:g} s + 30 s: the grading process was killed"
+            return None, (f"no result within {self.g.notebook_timeout:g} s (+ {self.g.probe_timeout:g} s of checks) + 30 s: "
+                          "the grading process was killed")
         if result is not None:
             return result, ""
         reason = f"the grading process exited with code {r.proc.returncode} without a result"
@@ -944,6 +965,17 @@ class WorkerPool:
         return left
 
 
+def _plan_notes(module: Module, plan, graded: bool) -> list[str]:
+    if not graded:
+        return []
+    if plan is None:
+        return [f"trusted checks: none for {module.slug} (no tito/probes/m{module.number}.py): each graded cell's own "
+                "outcome in the student's kernel is its score"]
+    n = sum(len(g["exercises"]) for g in plan.groups)
+    return [f"trusted checks: the {n} exercises of {module.slug} are scored by probes of each student's exported code, "
+            f"compared here with the reference package (seed {plan.seed})"]
+
+
 def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
               workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None
               ) -> RunReport:
@@ -963,7 +995,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     release_file = ensure_released(settings, module)
     release_bytes = release_file.read_bytes()
     release = nbformat.reads(release_bytes.decode("utf-8"), as_version=4)
-    salt = _salt(g)
+    salt = _salt(g, module)
     results = load_results(settings, module)
     wanted = students or all_students
     todo, unchanged = [], []
@@ -980,8 +1012,13 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     box = make_sandbox(g.sandbox, hidden, settings.root, int(g.memory_gb * (1 << 30)), workers=nworkers,
                        max_processes=g.max_processes)
     files = package_files(settings.root, module)
+    plan = None
     if todo:  # the worker must start, import and run before any submission is tried
         preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")
+        from .trusted import Plan
+
+        # the reference's records for this run's seed, computed here, outside every sandbox
+        plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout)
     stop = Stop()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     pool = WorkerPool(box, nworkers, files, g)
@@ -1009,7 +1046,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             outcome = fail(settings, module, job, why, status=TIMED_OUT if killed else FAILED)
         else:
             try:
-                outcome = finish(settings, module, job, result)
+                outcome = finish(settings, module, job, result, plan)
             except Exception as e:  # a damaged executed notebook: this student fails, the others go on
                 outcome = fail(settings, module, job, f"scoring failed: {type(e).__name__}: {e}")
         record(outcome, job)
@@ -1024,7 +1061,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             while queue and len(pool.running) < pool.size and not stop:
                 s = queue.pop(0)
                 try:
-                    job = prepare(settings, module, s, release, release_bytes, salt)
+                    job = prepare(settings, module, s, release, release_bytes, salt, plan)
                 except _Fail as f:
                     record(fail(settings, module, f.job, f.reason), f.job)
                     continue
@@ -1044,7 +1081,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     for s in interrupted:  # its previous result (if any) stays on disk, but it was not graded now
         outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
     report = RunReport(module, outcomes, graded_now, unchanged, interrupted, results_path(settings, module),
-                       box.mode, box.notes + [box.describe()])
+                       box.mode, box.notes + [box.describe()] + _plan_notes(module, plan, bool(todo)))
     if stop:
         report.notes.append(f"stopped by {signal.Signals(stop.signal).name}")
     return report
@@ -1114,7 +1151,8 @@ class HideHiddenTests(ClearHiddenTests):
             elif kind == "error":
                 tb = ANSI_RE.sub("", "\n".join(out.get("traceback", [])))
                 where = re.search(r"Cell In\[\d+\], line (\d+)", tb)
-                in_hidden = bool(numbers) and (where is None or int(where.group(1)) in numbers)
+                in_hidden = bool(numbers) and (where is None or int(where.group(1)) in numbers) \
+                    and out.get("ename") != "AutograderCheck"  # the trusted check's verdict is not a hidden test
                 evalue = _scrub(out.get("evalue", ""), self._hidden)
                 out["evalue"] = evalue
                 if in_hidden:

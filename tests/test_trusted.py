@@ -1,0 +1,267 @@
+"""The trusted checks (tito.probes, tito.trusted) without a notebook run: probes over exported code.
+
+- every graded exercise of every module has a probe (a new module's graded cell without one fails here);
+- per module, the instructor's solution passes every check and the release's stubs fail every check;
+- differently written correct solutions keep full marks (another traversal order, attention written
+  another way, sigmoid and softmax by other formulas);
+- one bug is charged once: a `merge_pair` or im2col bug fails its own exercise only;
+- the mutation proof: the trusted verdicts catch at least 90% of the catalogue of realistic one-line bugs
+  (tests/support/mutation.py's for 06-09 plus the bugs issue 14 found ungraded in 06-13).
+"""
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.mutation import MUTATIONS, Mutation, apply_mutation
+from tito import notebooks as nbs
+from tito import probes as P
+from tito.course import Settings, load_modules
+from tito.trusted import Plan
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
+MODULES = {m.number: m for m in load_modules(ROOT)}
+pytestmark = pytest.mark.skipif(not INSTRUCTOR, reason="needs the instructor notebooks (the reference)")
+
+_PLANS: dict[str, Plan] = {}
+
+
+def plan(number: str) -> Plan:
+    if number not in _PLANS:
+        _PLANS[number] = Plan.make(ROOT, MODULES[number], seed=20240601)
+    return _PLANS[number]
+
+
+def graded_exercises(module) -> list[str]:
+    return [P.exercise_of(nbs.exercise_label(c)) for c in nbs.read(module.notebook).cells if nbs.is_test_cell(c)]
+
+
+def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
+    """The trusted verdicts on `text` as module `number`'s exported code (all exercises, or `exercises`)."""
+    p = plan(number)
+    groups = [{"exercises": [e for e in g["exercises"] if exercises is None or e in exercises], "sources": g["sources"]}
+              for g in p.groups]
+    groups = [g for g in groups if g["exercises"]]
+    with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
+        pkg = Path(tmp) / "pkg"
+        shutil.copytree(ROOT / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__"))
+        (pkg / p.package_rel).write_text(text, encoding="utf-8")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg), str(ROOT)]), OPENBLAS_NUM_THREADS="1",
+                   PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
+        raw = P.run_groups(p.base(), groups, sys.executable, env, Path(tmp) / "work", 600)
+    out = p.verdicts(raw)
+    return {e: w for e, w in out.items() if exercises is None or e in exercises}
+
+
+def exported(nb) -> str:
+    text, skipped = P.exported_source(nb)
+    assert not skipped, skipped
+    return text
+
+
+def with_solution(number: str, marker: str, code: str) -> str:
+    """Module `number`'s solution with the solution region of the cell containing `marker` replaced by `code`."""
+    nb = nbs.read(MODULES[number].notebook)
+    cell = next(c for c in nb.cells if nbs.is_solution_cell(c) and marker in c.source)
+    lines = cell.source.splitlines()
+    i = next(k for k, ln in enumerate(lines) if nbs.BEGIN_SOLUTION in ln and k > next(
+        j for j, l2 in enumerate(lines) if marker in l2))
+    j = next(k for k in range(i, len(lines)) if nbs.END_SOLUTION in lines[k])
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    cell.source = "\n".join(lines[: i + 1] + [indent + ln if ln else ln for ln in code.strip("\n").splitlines()]
+                            + lines[j:])
+    return exported(nb)
+
+
+# ------------------------------------------------------------------ coverage
+
+
+def test_every_graded_exercise_has_a_probe():
+    missing, unknown = [], []
+    for number, module in MODULES.items():
+        graded = graded_exercises(module)
+        probes = P.module_probes(number)
+        missing += [f"{module.slug}: Exercise {e}" for e in graded if e not in probes]
+        unknown += [f"{module.slug}: probe {e}" for e in probes if e not in graded]
+    assert not missing, ("graded exercises without a trusted probe (add them to tito/probes/mNN.py; see "
+                         "modules/README.md, 'Trusted checks'): " + ", ".join(missing))
+    assert not unknown, "probes of exercises that are not graded cells: " + ", ".join(unknown)
+
+
+def test_probe_substitutes_name_existing_definitions():
+    for number, module in MODULES.items():
+        p = P.module_probes(number)
+        if not p:
+            continue
+        text = exported(nbs.read(module.notebook))
+        for probe in p.values():
+            P.reference_sources(text, probe.uses)  # LookupError names a missing one
+
+
+# ------------------------------------------------------------------ every module: solution passes, stubs fail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", sorted(n for n in MODULES if P.module_probes(n)))
+def test_solution_passes_and_stubs_fail(number):
+    source = nbs.read(MODULES[number].notebook)
+    good = verdicts(number, exported(source))
+    assert all(not w for w in good.values()), {e: w for e, w in good.items() if w}
+    stub = verdicts(number, exported(nbs.release(source)))
+    assert all(stub.values()), f"checks that a stub passes: {[e for e, w in stub.items() if not w]}"
+
+
+# ------------------------------------------------------------------ differently written, still correct
+
+KAHN_BACKWARD = """
+found, consumers, stack = {id(tensor): tensor}, {}, [tensor]
+while stack:  # count the consumers of every tensor first (Kahn's algorithm), no DFS order
+    t = stack.pop()
+    node = t.grad_fn
+    if node is None:
+        continue
+    if node.inputs is None:
+        raise RuntimeError("backward: the graph was already released; pass retain_graph=True")
+    for inp in node.inputs:
+        if inp is not None and inp.requires_grad:
+            consumers[id(inp)] = consumers.get(id(inp), 0) + 1
+            if id(inp) not in found:
+                found[id(inp)] = inp
+                stack.append(inp)
+grads, ready = {id(tensor): grad}, [tensor]
+while ready:
+    t = ready.pop(0)
+    g = grads.pop(id(t), None)
+    node = t.grad_fn
+    if g is not None and (node is None or t._retains_grad):
+        if t.grad is None:
+            t.grad = Tensor(g.astype(t.data.dtype, copy=True), dtype=t.data.dtype)
+        else:
+            t.grad.data = t.grad.data + g
+    if node is None:
+        continue
+    rule = node.rule or BACKWARD_RULES.get(node.op)
+    if rule is None:
+        raise RuntimeError(f"backward: no backward rule for op {node.op!r}")
+    results = rule(g, node) if g is not None else [None] * len(node.inputs)
+    for inp, ig in zip(node.inputs, results):
+        if inp is None or not inp.requires_grad:
+            continue
+        if ig is not None:
+            ig = ig if ig.shape == inp.data.shape else unbroadcast(ig, inp.data.shape)
+            grads[id(inp)] = grads[id(inp)] + ig if id(inp) in grads else ig
+        consumers[id(inp)] -= 1
+        if consumers[id(inp)] == 0:
+            ready.append(inp)
+    if not retain_graph:
+        node.inputs = None
+        node.saved = None
+"""
+
+OTHER_ATTENTION = """
+scale = 1.0 / math.sqrt(q.shape[-1])
+scores = (q * scale) @ k.transpose(-1, -2)
+allowed = ~(~causal_mask(q.shape[-2], k.shape[-2])) if is_causal else None
+if mask is not None:
+    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.dtype == np.bool_:
+        allowed = m if allowed is None else (allowed & m)
+    else:
+        scores = scores + Tensor(m, dtype=scores.dtype)
+if allowed is not None:
+    scores = scores.masked_fill(~allowed, -np.inf)
+e = (scores - Tensor(scores.data.max(axis=-1, keepdims=True))).exp()
+return (e / e.sum(axis=-1, keepdims=True)) @ v
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number, marker, code, exercises", [
+    ("06", "def backward(", KAHN_BACKWARD, ["6.4"]),
+    ("12", "def scaled_dot_product_attention(", OTHER_ATTENTION, ["12.1", "12.2"]),
+    ("02", "class Sigmoid(", "a = x.data\ne = np.exp(-np.abs(a))\nout = np.where(a >= 0, 1 / (1 + e), e / (1 + e))",
+     ["2.2"]),
+    ("09", "def conv2d_loop(", "out, _ = conv2d_forward(x, weight, bias, stride, padding)\nreturn out", ["9.1"]),
+], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col"])
+def test_differently_written_solutions_keep_full_marks(number, marker, code, exercises):
+    got = verdicts(number, with_solution(number, marker, code), exercises)
+    assert all(not w for w in got.values()), got
+
+
+# ------------------------------------------------------------------ one bug, charged once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation, others", [
+    (Mutation("10", "text/tokenizers.py", "merge_pair", "i += 2", "i += 1", "merged pairs overlap", "10.3"),
+     ["10.4", "10.5", "10.6"]),
+    (Mutation("09", "core/spatial.py", "im2col", "transpose(1, 4, 5, 0, 2, 3)", "transpose(4, 5, 1, 0, 2, 3)",
+              "im2col rows in (kh, kw, C) order", "9.2"), ["9.3", "9.4"]),
+], ids=["merge_pair", "im2col-row-order"])
+def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
+    got = verdicts(mutation.module, mutated(mutation), [mutation.exercise, *others])
+    assert got[mutation.exercise], f"{mutation.why}: not caught by Exercise {mutation.exercise}"
+    assert all(not got[e] for e in others), {e: got[e] for e in others}
+
+
+# ------------------------------------------------------------------ the mutation proof
+
+GPT, ATT = "models/gpt.py", "core/attention.py"
+ISSUE_14 = [  # the bugs issue 14 found scoring full marks in the graded cells
+    Mutation("06", "core/autograd.py", "backward", "if ig.shape != inp.data.shape:", "if ig.ndim != inp.data.ndim:",
+             "unbroadcast only when the rank differs", "6.4"),
+    Mutation("06", "core/autograd.py", "backward", "t.grad = Tensor(np.array(g, dtype=t.data.dtype), dtype=t.data.dtype)",
+             "t.grad = Tensor(g, dtype=t.data.dtype)", "a leaf's .grad shares the rule's buffer", "6.4"),
+    Mutation("08", "core/training.py", "clip_grad_norm_", "max_norm / (total + 1e-6)", "max_norm / total",
+             "division by zero on all-zero gradients", "8.2"),
+    Mutation("09", "core/spatial.py", "MaxPool2dFunction.forward", "(value > best) | np.isnan(value)", "(value > best)",
+             "a NaN's gradient routed elsewhere", "9.5"),
+    Mutation("13", GPT, "GPT.generate", "logits = logits / temperature", "logits = logits", "temperature ignored",
+             "13.4"),
+    Mutation("13", GPT, "GPT.generate", "np.where(logits < kth,", "np.where(logits <= kth,", "top-k keeps k-1", "13.4"),
+    Mutation("13", GPT, "GPT.generate", "u = rng.random(", "u = np.random.default_rng(seed).random(",
+             "a fresh generator from the seed at every step", "13.4"),
+    Mutation("13", GPT, "LayerNormFunction.forward", "np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)",
+             "(np.sqrt((centred * centred).mean(axis=-1, keepdims=True)) + eps)", "eps outside the square root",
+             "13.1"),
+    Mutation("13", GPT, "TransformerBlock.forward", "self.drop(self.attn(self.ln1(x), is_causal=True))",
+             "self.attn(self.ln1(x), is_causal=True)", "no dropout on the attention branch", "13.2"),
+    Mutation("12", ATT, "scaled_dot_product_attention", "(1.0 / math.sqrt(q.shape[-1]))",
+             "(1.0 / q.shape[-1])", "scaled by 1/d instead of 1/sqrt(d)", "12.1"),
+    Mutation("10", "text/tokenizers.py", "merge_pair", "i += 2", "i += 1", "merged pairs overlap", "10.3"),
+]
+CATALOGUE = MUTATIONS + ISSUE_14
+
+
+def mutated(m: Mutation) -> str:
+    """Module m.module's exported solution with `m` applied (the harness of tests/support/mutation.py)."""
+    module = MODULES[m.module]
+    text = exported(nbs.read(module.notebook))
+    with tempfile.TemporaryDirectory(prefix="tito-mutant-") as tmp:
+        pkg = Path(tmp) / "tinytorch"
+        target = pkg / m.file
+        target.parent.mkdir(parents=True)
+        rel = plan(m.module).package_rel
+        assert rel == f"tinytorch/{m.file}", (rel, m.file)
+        target.write_text(text, encoding="utf-8")
+        apply_mutation(pkg, m)
+        return target.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_trusted_grade_catches_the_mutation_catalogue():
+    caught, missed = [], []
+    for m in CATALOGUE:
+        why = verdicts(m.module, mutated(m), [m.exercise])[m.exercise]
+        (caught if why else missed).append(f"{m.module} {m.function}: {m.why}" + (f" -> {why[:100]}" if why else ""))
+    share = len(caught) / len(CATALOGUE)
+    print("\n".join(["caught:", *caught, "missed:", *missed, f"{len(caught)}/{len(CATALOGUE)} = {share:.0%}"]))
+    assert share >= 0.9, f"the trusted grade catches only {share:.0%} of the catalogue; missed: {missed}"

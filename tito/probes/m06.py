@@ -1,0 +1,215 @@
+"""Probes of module 06 (autograd): see tito/probes/__init__.py.
+
+Each backward rule is called directly on a node recorded by the reference forward ops of modules
+01-04, with a random upstream gradient; its gradients are summed to their inputs' shapes here (so a
+rule may leave broadcasting to the traversal, as the contract allows). The traversal (6.4) runs with
+the reference rules and `unbroadcast`, so a bug in a rule is charged to the rule's exercise only."""
+import numpy as np
+
+from . import probe
+
+
+def _to_shape(g, shape):
+    g = np.asarray(g)
+    while g.ndim > len(shape):
+        g = g.sum(axis=0)
+    for i, s in enumerate(shape):
+        if s == 1 and g.shape[i] != 1:
+            g = g.sum(axis=i, keepdims=True)
+    if g.shape != tuple(shape):
+        raise ValueError(f"a gradient of shape {g.shape} for an input of shape {tuple(shape)}")
+    return g
+
+
+def _array(g):
+    return g.data if type(g).__name__ == "Tensor" else g
+
+
+def leaf(rng, *shape, positive=False):
+    from tinytorch.core.tensor import Tensor
+
+    a = rng.standard_normal(shape)
+    if positive:
+        a = np.abs(a) + 0.5
+    return Tensor(a.astype(np.float32), requires_grad=True)
+
+
+def rule(rec, key, name, out, rng):
+    """Record `name(grad, out.grad_fn)`: one gradient per input, summed to the input's shape (None stays None)."""
+    import tinytorch.core.autograd as A
+
+    node = out.grad_fn
+    g = rng.standard_normal(out.shape).astype(out.dtype)
+
+    def run():
+        grads = tuple(getattr(A, name)(g, node))
+        return [None if gr is None or inp is None else _to_shape(_array(gr), inp.shape)
+                for gr, inp in zip(grads, node.inputs)] + ([len(grads)] if len(grads) != len(node.inputs) else [])
+    rec.call(key, run)
+
+
+@probe("6.1")
+def chain_rule(rng, rec):
+    from tinytorch.core.autograd import two_layer_grads
+
+    for i in range(4):
+        x, y, w1, b1, w2 = (float(v) for v in rng.standard_normal(5))
+        rec.call(f"g{i}", lambda: tuple(float(v) for v in two_layer_grads(x, y, w1, b1, w2)))
+
+
+@probe("6.2")
+def unbroadcast(rng, rec):
+    from tinytorch.core.autograd import unbroadcast as ub
+
+    for i, (gshape, shape) in enumerate((((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 4), (1, 4)), ((3, 4), (3, 1)),
+                                         ((2, 3, 4), (3, 1)), ((2, 3, 4), ()), ((2, 1, 4), (1, 1, 4)), ((5,), (1,)))):
+        g = rng.standard_normal(gshape).astype(np.float32)
+        rec.call(f"u{i}", ub, g, shape)
+    g = rng.standard_normal((3, 4)).astype(np.float32)
+    rec["same_is_grad"] = (lambda r: r is g)(ub(g, (3, 4)))
+
+
+@probe("6.3")
+def arithmetic(rng, rec):
+    a, b, p = leaf(rng, 3, 4), leaf(rng, 4), leaf(rng, 3, 4, positive=True)
+    rule(rec, "sub", "sub_backward", a - b, rng)
+    rule(rec, "sub_const", "sub_backward", a - 2.0, rng)
+    rule(rec, "rsub", "sub_backward", 2.0 - a, rng)
+    rule(rec, "mul", "mul_backward", a * b, rng)
+    rule(rec, "mul_const", "mul_backward", a * 3.0, rng)
+    rule(rec, "div", "div_backward", a / (p + 1.0), rng)
+    rule(rec, "div_b", "div_backward", b / p, rng)
+    rule(rec, "rdiv", "div_backward", 2.0 / p, rng)
+    rule(rec, "pow_const", "pow_backward", p ** 2.5, rng)
+    rule(rec, "pow_tensor", "pow_backward", p ** (b * 0.5), rng)
+    rule(rec, "rpow", "pow_backward", 2.0 ** a, rng)
+
+
+RULES = ("unbroadcast", "sub_backward", "mul_backward", "div_backward", "pow_backward", "matmul_backward",
+         "sum_backward", "mean_backward", "exp_backward", "tanh_backward", "getitem_backward", "reshape_backward")
+
+
+@probe("6.4", uses=RULES)
+def traversal(rng, rec):
+    from tinytorch.core.autograd import backward
+    from tinytorch.core.tensor import Tensor
+
+    # a diamond with reuse, broadcasting of a bias and a row, a matmul and reductions
+    x, w, bias, row = leaf(rng, 4, 3), leaf(rng, 3, 2), leaf(rng, 2), leaf(rng, 1, 2)
+    h = (x @ w + bias).tanh()
+    y = (h * h + h * row - h / 3.0).sum(axis=0).exp().mean()
+    rec.call("run", backward, y)
+    rec["grads"] = [t.grad for t in (x, w, bias, row)]
+    rec["grad_types"] = [type(t.grad).__name__ for t in (x, w, bias, row)]
+    rec["h_grad"] = h.grad
+    # accumulation, a grad= argument, a leaf .grad that must not share the upstream buffer
+    a = leaf(rng, 3)
+    g = rng.standard_normal(3).astype(np.float32)
+    rec.call("first", backward, a + 0.0, g)  # the add rule passes the upstream gradient through
+    g[:] = 100.0
+    rec["after_mutation"] = a.grad
+    rec.call("second", backward, (a * a)[1:], np.ones(2, dtype=np.float32))
+    rec["accumulated"] = a.grad
+    # retain_grad, released graphs, errors
+    v = leaf(rng, 3)
+    m = v * 2.0
+    m.retain_grad()
+    s = (m * m).sum()
+    rec.call("retain", backward, s, None, True)
+    rec["m_grad"], rec["v_grad"] = m.grad, v.grad
+    rec.call("again", backward, s)
+    rec["v_grad2"] = v.grad
+    rec.call("released", backward, s)
+    rec.call("implicit", backward, v * 2.0)
+    rec.call("no_grad_needed", backward, Tensor(np.ones(3, dtype=np.float32)).sum())
+    # a long chain: iterative, not recursive
+    c = leaf(rng, 4)
+    z = c
+    for _ in range(20000):
+        z = z * 1.0
+    rec.call("chain", backward, z.sum())
+    rec["chain_grad"] = c.grad
+    # broadcasting that keeps the rank
+    p, q = leaf(rng, 1, 3), leaf(rng, 4, 3)
+    rec.call("same_rank", backward, (p * q).sum())
+    rec["same_rank_grad"] = p.grad
+
+
+@probe("6.5")
+def matmul(rng, rec):
+    for key, sa, sb in (("2d", (3, 4), (4, 5)), ("batch", (2, 3, 4), (2, 4, 5)), ("bcast", (2, 1, 3, 4), (5, 4, 2)),
+                        ("bcast_b", (3, 4), (6, 4, 2)), ("mv", (3, 4), (4,)), ("vm", (4,), (4, 2)), ("dot", (4,), (4,)),
+                        ("bmv", (2, 3, 4), (4,))):
+        rule(rec, key, "matmul_backward", leaf(rng, *sa) @ leaf(rng, *sb), rng)
+
+
+@probe("6.6")
+def reductions(rng, rec):
+    x = leaf(rng, 2, 3, 4)
+    for name in ("sum", "mean", "max", "var"):
+        for axis in (None, 0, -1, (0, 2)):
+            for keep in (False, True):
+                rule(rec, f"{name}_{axis}_{keep}", f"{name}_backward", getattr(x, name)(axis=axis, keepdims=keep), rng)
+
+
+@probe("6.7")
+def views(rng, rec):
+    from tinytorch.core.tensor import concatenate
+
+    x = leaf(rng, 2, 3, 4)
+    rule(rec, "reshape", "reshape_backward", x.reshape(6, 4), rng)
+    rule(rec, "reshape2", "reshape_backward", x.transpose(0, 2).reshape(4, -1), rng)
+    rule(rec, "transpose", "transpose_backward", x.transpose(0, 2), rng)
+    rule(rec, "transpose_last", "transpose_backward", x.transpose(), rng)
+    for key, index in (("int", 1), ("slice", (slice(None), slice(1, 3))), ("fancy", np.array([0, 1, 0, 0])),
+                       ("bool", x.data > 0), ("mixed", (0, np.array([2, 2, 1])))):
+        rule(rec, f"get_{key}", "getitem_backward", x[index], rng)
+    rule(rec, "cat0", "concatenate_backward", concatenate([x, leaf(rng, 1, 3, 4)], axis=0), rng)
+    rule(rec, "cat2", "concatenate_backward", concatenate([x, leaf(rng, 2, 3, 2), x], axis=-1), rng)
+
+
+@probe("6.8")
+def elementwise(rng, rec):
+    from tinytorch.core.tensor import where
+
+    x, p = leaf(rng, 3, 4), leaf(rng, 3, 4, positive=True)
+    for name, t in (("exp", x), ("log", p), ("sqrt", p), ("tanh", x)):
+        rule(rec, name, f"{name}_backward", getattr(t, name)(), rng)
+    cond = x.data > 0
+    from tinytorch.core.tensor import Tensor
+
+    rule(rec, "where", "where_backward", where(Tensor(cond), x, p), rng)
+    rule(rec, "where_bcast", "where_backward", where(Tensor(cond), x, leaf(rng, 4)), rng)
+    rule(rec, "where_const", "where_backward", where(Tensor(cond), x, 0.0), rng)
+
+
+@probe("6.9")
+def activations(rng, rec):
+    import tinytorch.core.activations as A
+
+    x = leaf(rng, 3, 5)
+    x.data *= 3
+    for name, act in (("relu", A.ReLU()), ("sigmoid", A.Sigmoid()), ("gelu", A.GELU()), ("softmax", A.Softmax(dim=-1)),
+                      ("softmax0", A.Softmax(dim=0))):
+        rule(rec, name, f"{name.rstrip('0')}_backward", act(x), rng)
+    big = leaf(rng, 2, 4)
+    big.data[:] = np.array([[-1000, -5, 0, 5], [1000, 3, -2, 40]], dtype=np.float32)
+    rule(rec, "sigmoid_big", "sigmoid_backward", A.Sigmoid()(big), rng)
+    rule(rec, "softmax_big", "softmax_backward", A.Softmax()(big), rng)
+
+
+@probe("6.10")
+def losses(rng, rec):
+    from tinytorch.core.losses import CrossEntropyLoss, MSELoss
+    from tinytorch.core.tensor import Tensor
+
+    p, t = leaf(rng, 6, 3), leaf(rng, 6, 3)
+    rule(rec, "mse", "mse_backward", MSELoss()(p, t), rng)
+    rule(rec, "mse_const", "mse_backward", MSELoss()(p, Tensor(t.data)), rng)
+    z = leaf(rng, 5, 4)
+    z.data *= 4
+    y = Tensor(rng.integers(0, 4, size=5))
+    rule(rec, "ce", "cross_entropy_backward", CrossEntropyLoss()(z, y), rng)
+    big = leaf(rng, 2, 3)
+    big.data[:] = np.array([[1000, 0, -1000], [0, 2000, 0]], dtype=np.float32)
+    rule(rec, "ce_big", "cross_entropy_backward", CrossEntropyLoss()(big, Tensor(np.array([2, 1]))), rng)
