@@ -45,44 +45,34 @@ def setup(job: str) -> Path:
     return py
 
 
-def ensure_bubblewrap() -> None:
-    """The grading sandbox's bubblewrap (`bwrap`), so the sandbox tests run: installed with apt-get when
-    this runs as root on a Debian/Ubuntu machine (CI); elsewhere those tests skip and say why."""
+def ensure_apt_tool(binaries: tuple[str, ...], package: str, needed_by: str) -> None:
+    """Install the Debian package `package` (which provides one of `binaries`) with apt-get when this runs
+    as root on a Debian/Ubuntu machine (CI); elsewhere say which tests skip for want of it."""
     import shutil
 
-    if shutil.which("bwrap") or not sys.platform.startswith("linux"):
+    if any(shutil.which(b) for b in binaries) or not sys.platform.startswith("linux"):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        print("note: bubblewrap (bwrap) is not installed and cannot be installed here (needs root and apt-get): "
-              "the grading sandbox tests that need it are skipped", flush=True)
+        print(f"note: {package} is not installed and cannot be installed here (needs root and apt-get): "
+              f"{needed_by} are skipped", flush=True)
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "install", "-y", "-qq", "bubblewrap"], ["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "bubblewrap"]):
+    for cmd in (["apt-get", "install", "-y", "-qq", package], ["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", package]):
         print("+", " ".join(cmd), flush=True)
-        if subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL) == 0 and shutil.which("bwrap"):
+        if subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL) == 0 and any(shutil.which(b) for b in binaries):
             return
-    print("note: installing bubblewrap failed: the grading sandbox tests that need it are skipped", flush=True)
+    print(f"note: installing {package} failed: {needed_by} are skipped", flush=True)
+
+
+def ensure_bubblewrap() -> None:
+    """The grading sandbox's bubblewrap (`bwrap`), so the sandbox tests run."""
+    ensure_apt_tool(("bwrap",), "bubblewrap", "the grading sandbox tests that need it")
 
 
 def ensure_chromium() -> None:
-    """Headless Chromium for the lab guide's browser test (tests/test_guide.py), installed with apt-get
-    as `ensure_bubblewrap` installs bwrap; elsewhere that test skips and says why."""
-    import shutil
-
-    if shutil.which("chromium") or shutil.which("chromium-browser") or not sys.platform.startswith("linux"):
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        print("note: chromium is not installed and cannot be installed here (needs root and apt-get): "
-              "the lab guide's browser test is skipped", flush=True)
-        return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "install", "-y", "-qq", "chromium"], ["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "chromium"]):
-        print("+", " ".join(cmd), flush=True)
-        if subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL) == 0 and shutil.which("chromium"):
-            return
-    print("note: installing chromium failed: the lab guide's browser test is skipped", flush=True)
+    """Headless Chromium for the lab guide's browser test (tests/test_guide.py)."""
+    ensure_apt_tool(("chromium", "chromium-browser"), "chromium", "the lab guide's browser tests")
 
 
 def main(argv: list[str]) -> None:

@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from tests.support.bench import interleaved  # noqa: E402
-from tinytorch.core.activations import ReLU  # noqa: E402
+from tests.support.models import mlp  # noqa: E402
 from tinytorch.core.autograd import no_grad  # noqa: E402
-from tinytorch.core.layers import Linear, Sequential  # noqa: E402
+from tinytorch.core.layers import Linear  # noqa: E402
 from tinytorch.core.tensor import Tensor  # noqa: E402
 from tinytorch.perf.compression import (  # noqa: E402
     CSRMatrix, low_rank_model, model_cost, prune_magnitude, prune_mlp_neurons, storage_bytes,
@@ -58,15 +58,6 @@ SPARSITIES = [0.5, 0.8, 0.9, 0.95]
 KEEP = [0.5, 0.25, 0.125]
 RANKS = [32, 16, 8]
 DENSITIES = [0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 1.0]
-
-
-def mlp(widths, seed=0):
-    layers = []
-    for i, (a, b) in enumerate(zip(widths, widths[1:])):
-        layers.append(Linear(a, b, rng=seed + i))
-        if i < len(widths) - 2:
-            layers.append(ReLU())
-    return Sequential(*layers)
 
 
 def sparse_forward(layers, xt):

@@ -16,9 +16,9 @@ import copy
 import numpy as np
 import pytest
 
-from tinytorch.core.activations import ReLU
+from tests.support.models import mlp
 from tinytorch.core.autograd import no_grad
-from tinytorch.core.layers import Linear, Sequential
+from tinytorch.core.layers import Linear
 from tinytorch.core.losses import CrossEntropyLoss
 from tinytorch.core.optimizers import Adam
 from tinytorch.data.loader import DataLoader, TensorDataset, load_digits
@@ -27,15 +27,6 @@ from tinytorch.perf.compression import (
 )
 
 pytestmark = pytest.mark.module("16")
-
-
-def mlp(widths, seed=0):
-    layers = []
-    for i, (a, b) in enumerate(zip(widths, widths[1:])):
-        layers.append(Linear(a, b, rng=seed + i))
-        if i < len(widths) - 2:
-            layers.append(ReLU())
-    return Sequential(*layers)
 
 
 @no_grad()

@@ -29,6 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.models import mlp
 from tinytorch.core.activations import ReLU
 from tinytorch.core.layers import Linear, Sequential
 from tinytorch.core.losses import CrossEntropyLoss
@@ -58,15 +59,6 @@ def distinct_weights(shape, seed, scale=1.0):
     n = int(np.prod(shape))
     mags = (rng.permutation(n) + 1).astype(np.float64) / n * scale
     return (mags * rng.choice([-1.0, 1.0], n)).reshape(shape).astype(np.float32)
-
-
-def mlp(widths, seed=0):
-    layers = []
-    for i, (a, b) in enumerate(zip(widths, widths[1:])):
-        layers.append(Linear(a, b, rng=seed + i))
-        if i < len(widths) - 2:
-            layers.append(ReLU())
-    return Sequential(*layers)
 
 
 def torch_mlp(torch, model):
