@@ -5,7 +5,7 @@
 Times, in turns in one process (tests/support/bench.interleaved, best of `--rounds`):
 - eager NumPy: the chain as ten NumPy calls (each reads and writes a 64 MB array);
 - tinytorch eager: the same chain on tinytorch Tensors;
-- compiled: `tinytorch.perf.compiler.compile` of the tinytorch chain (one fused C kernel);
+- compiled: `tinytorch.perf.acceleration.compile` of the tinytorch chain (one fused C kernel);
 - torch.compile: the chain in PyTorch compiled by inductor on the CPU, `torch.set_num_threads(1)`
   (skipped with --no-torch or without torch; compiling takes ~20 s).
 Two chains: an arithmetic one (mul/add/sub/div/relu) and one with tanh/exp. Goals (issue 17):
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from tests.support.bench import interleaved  # noqa: E402
 from tinytorch.core.tensor import Tensor  # noqa: E402
-from tinytorch.perf.compiler import compile as tt_compile  # noqa: E402
+from tinytorch.perf.acceleration import compile as tt_compile  # noqa: E402
 
 
 def arith_chain(x, y):
