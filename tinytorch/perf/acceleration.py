@@ -267,7 +267,7 @@ class _Conversions:
             value = original(t, *a, **k)
             name = self.watched.get(id(t))
             if name is not None:
-                frame = traceback.extract_stack(limit=3)[0]
+                frame = traceback.extract_stack(limit=2)[0]  # the line that converted
                 self.seen.append({"value": name, "method": method, "result": value,
                                   "where": f"{Path(frame.filename).name}:{frame.lineno}"})
             return value
