@@ -8,7 +8,7 @@ Times, in turns in one process (tests/support/bench.interleaved, best of `--roun
 - compiled: `tinytorch.perf.acceleration.compile` of the tinytorch chain (one fused C kernel);
 - torch.compile: the chain in PyTorch compiled by inductor on the CPU, `torch.set_num_threads(1)`
   (skipped with --no-torch or without torch; compiling takes ~20 s).
-Two chains: an arithmetic one (mul/add/sub/div/relu) and one with tanh/exp. Goals (issue 17):
+Two chains: an arithmetic one (mul/add/sub/div) and one with tanh/exp. Goals (issue 17):
 compiled >= 2.5x faster than eager NumPy, and compiled time <= 1.2x torch.compile's. Not a test:
 it reports, nothing fails.
 """
