@@ -9,8 +9,10 @@ Times, in turns in one process (tests/support/bench.interleaved, best of `--roun
 - torch.compile: the chain in PyTorch compiled by inductor on the CPU, `torch.set_num_threads(1)`
   (skipped with --no-torch or without torch; compiling takes ~20 s).
 Two chains: an arithmetic one (mul/add/sub/div) and one with tanh/exp. Goals (issue 17):
-compiled >= 2.5x faster than eager NumPy, and compiled time <= 1.2x torch.compile's. Not a test:
-it reports, nothing fails.
+compiled >= 2.5x faster than eager NumPy, and compiled time <= 1.2x torch.compile's. Then the
+matmul report (no goal, the lesson is the gap): GFLOP/s of the naive Python loops (n = 64), the
+blocked matmul with NumPy tiles (tile from the L2 size) and BLAS at n = 64 and 512 (`--no-matmul`
+skips it). Not a test: it reports, nothing fails.
 """
 from __future__ import annotations
 
@@ -29,7 +31,30 @@ import numpy as np  # noqa: E402
 
 from tests.support.bench import interleaved  # noqa: E402
 from tinytorch.core.tensor import Tensor  # noqa: E402
+from tinytorch.perf.acceleration import (  # noqa: E402
+    block_size_for, blocked_matmul, cache_sizes, matmul_gflops, naive_matmul,
+)
 from tinytorch.perf.acceleration import compile as tt_compile  # noqa: E402
+from tinytorch.perf.measure import time_call  # noqa: E402
+
+
+def matmul_report() -> None:
+    "GFLOP/s of naive loops, blocked NumPy tiles and BLAS (one thread)."
+    caches = cache_sizes()
+    tile = block_size_for(caches.get("L2", 1024 ** 2))
+    print(f"\nmatmul, float32, 1 thread; L2 {caches.get('L2', 0) // 1024} KiB ({caches['source']}) -> tile {tile}")
+    rng = np.random.default_rng(0)
+    for n in (64, 512):
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        row = {}
+        if n <= 64:
+            row["naive loops"] = matmul_gflops(n, time_call(lambda: naive_matmul(a, b), warmup=0, repeats=1, number=1).best)
+        row[f"blocked (tile {tile})"] = matmul_gflops(n, time_call(lambda: blocked_matmul(a, b, tile), repeats=5).best)
+        row["blocked (tile 32)"] = matmul_gflops(n, time_call(lambda: blocked_matmul(a, b, 32), repeats=5).best)
+        row["BLAS (a @ b)"] = matmul_gflops(n, time_call(lambda: a @ b, repeats=5).best)
+        blas = row["BLAS (a @ b)"]
+        print(f"  n = {n}: " + ", ".join(f"{k} {v:.3g} GFLOP/s ({v / blas:.3g}x BLAS)" for k, v in row.items()))
 
 
 def arith_chain(x, y):
@@ -64,6 +89,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size", type=int, default=16 * 1024 * 1024)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--no-matmul", action="store_true")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     xa = rng.standard_normal(args.size).astype(np.float32)
@@ -112,6 +138,8 @@ def main() -> None:
         if torch is not None:
             r = ratio / best["torch.compile (inductor)"]
             print(f"  goal compiled time <= 1.2x torch.compile's: {r:.2f}x -> {'met' if r <= 1.2 else 'NOT met'}")
+    if not args.no_matmul:
+        matmul_report()
 
 
 if __name__ == "__main__":

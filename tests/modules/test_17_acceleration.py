@@ -30,6 +30,11 @@ from tinytorch.core.layers import Linear
 from tinytorch.core.tensor import Tensor, set_grad_enabled
 from tinytorch.perf import acceleration as acc
 
+try:  # PyTorch is the second reference where installed (not in a student edition)
+    import torch
+except ImportError:
+    torch = None
+
 pytestmark = pytest.mark.module("17")
 
 HAS_CC = acc.c_compiler() is not None
@@ -58,8 +63,8 @@ def test_naive_matmul_equals_numpy_and_torch(n, k, m, seed):
     got = acc.naive_matmul(a, b)
     assert got.dtype == np.float32 and got.shape == (n, m), f"naive_matmul: {got.dtype} {got.shape}; expected float32 {(n, m)}"
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
-    torch = pytest.importorskip("torch")
-    np.testing.assert_allclose(got, torch.matmul(torch.from_numpy(a), torch.from_numpy(b)).numpy(), rtol=1e-5, atol=1e-5)
+    if torch is not None:
+        np.testing.assert_allclose(got, torch.matmul(torch.from_numpy(a), torch.from_numpy(b)).numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.exercise("17.6", "naive_matmul")
@@ -236,7 +241,6 @@ def chain(p, q):
 
 
 def torch_chain(p, q):
-    import torch
     t = p * 1.5 + q
     t = (t - 0.25) * t / 3.0
     t = torch.tanh(t + p) * q
@@ -254,8 +258,8 @@ def test_compiled_equals_eager_with_broadcasting(backend, shapes, seed):
     want = chain(Tensor(a), Tensor(b)).data
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got.data, want, rtol=1e-5, atol=1e-5, err_msg=compiled.explain())
-    torch = pytest.importorskip("torch")
-    np.testing.assert_allclose(got.data, torch_chain(torch.from_numpy(a), torch.from_numpy(b)).numpy(), rtol=1e-5, atol=1e-5)
+    if torch is not None:
+        np.testing.assert_allclose(got.data, torch_chain(torch.from_numpy(a), torch.from_numpy(b)).numpy(), rtol=1e-5, atol=1e-5)
 
 
 COMPILED = {b: acc.compile(chain, backend=b) for b in ("numpy", "c")}
@@ -288,7 +292,8 @@ def test_mlp_block_compiled_equals_eager_and_torch():
     got = cm(Tensor(h)).data
     np.testing.assert_allclose(got, mlp(Tensor(h)).data, rtol=1e-5, atol=1e-5)
     assert [n.op for n in cm.graph(Tensor(h)).nodes] == ["matmul", "fused", "matmul", "add"]
-    torch = pytest.importorskip("torch")
+    if torch is None:
+        return
     tt = torch.nn.functional
     ref = tt.linear(tt.gelu(tt.linear(torch.from_numpy(h), torch.from_numpy(up.weight.data), torch.from_numpy(up.bias.data)),
                             approximate="tanh"), torch.from_numpy(down.weight.data), torch.from_numpy(down.bias.data))
