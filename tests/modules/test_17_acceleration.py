@@ -394,3 +394,15 @@ def test_kernels_are_cached_on_disk_by_source_hash(tmp_path, monkeypatch):
     assert len(files) == 1, files
     acc.build_c_kernel("float eight(void) { return 8.0f; }\n", "eight")
     assert sorted(p.name for p in tmp_path.glob("k_*.so")) == files, "the same source must reuse the cached library"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dtypes_follow_tinytorch_for_integer_inputs(backend):
+    def fn(p, q):
+        return p * 1.5 + q, (p * 2.0).sum(axis=0)
+    p = Tensor(np.arange(6, dtype=np.int64).reshape(2, 3))
+    q = Tensor(np.ones(3, np.float32))
+    got, want = acc.compile(fn, backend=backend)(p, q), fn(p, q)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype, f"compiled dtype {g.dtype}, eager {w.dtype}"
+        np.testing.assert_allclose(g.data, w.data, rtol=1e-6)

@@ -337,7 +337,9 @@ def run_node(n: GNode, args: list):
         return n.attrs["kernel"](*args) if "kernel" in n.attrs else _run_body(n, args)
     if n.op not in EAGER_OPS:
         raise NotImplementedError(f"run_graph: no NumPy replay for op {n.op!r}")
-    return EAGER_OPS[n.op](*args, **n.attrs)
+    out = np.asarray(EAGER_OPS[n.op](*args, **n.attrs))
+    # the recorded dtype wins: tinytorch computes int * 1.5 in float32 where NumPy would give float64
+    return out if out.dtype == n.dtype else out.astype(n.dtype)
 
 
 def _run_body(n: GNode, args: list):
