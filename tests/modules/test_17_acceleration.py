@@ -406,3 +406,39 @@ def test_dtypes_follow_tinytorch_for_integer_inputs(backend):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype, f"compiled dtype {g.dtype}, eager {w.dtype}"
         np.testing.assert_allclose(g.data, w.data, rtol=1e-6)
+
+
+def test_backends_change_how_not_what():
+    up, act, down = Linear(16, 64, rng=0), GELU(), Linear(64, 16, rng=1)
+
+    def mlp(h):
+        return down(act(up(h)))
+    h = Tensor(np.random.default_rng(3).standard_normal((40, 16)).astype(np.float32))
+    cm = acc.compile(mlp)
+    want = mlp(h).data
+    assert isinstance(acc.current_backend(), acc.NumpyBackend)
+    for backend in (acc.NumpyBackend(), acc.BlockedBackend(), acc.SizeDispatch(acc.BlockedBackend(), acc.NumpyBackend(), 10_000)):
+        with acc.use_backend(backend) as b:
+            assert acc.current_backend() is b
+            np.testing.assert_allclose(cm(h).data, want, rtol=1e-4, atol=1e-5, err_msg=f"backend {backend.name}")
+    assert isinstance(acc.current_backend(), acc.NumpyBackend), "use_backend must restore the previous backend"
+    with pytest.raises(TypeError, match=r"use_backend: expected a ComputeBackend; got str"):
+        acc.use_backend("blocked")
+
+
+def test_size_dispatch_uses_the_threshold():
+    calls = []
+
+    class Spy(acc.NumpyBackend):
+        def __init__(self, tag):
+            self.tag = tag
+
+        def matmul(self, a, b):
+            calls.append(self.tag)
+            return super().matmul(a, b)
+    d = acc.SizeDispatch(Spy("small"), Spy("large"), threshold=8 * 8 * 8)
+    d.matmul(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))
+    d.matmul(np.ones((9, 8), np.float32), np.ones((8, 8), np.float32))
+    assert calls == ["small", "large"], f"8x8x8 = 512 multiply-adds is small, 9x8x8 large; got {calls}"
+    t = acc.measure_threshold(acc.NumpyBackend(), acc.NumpyBackend(), sizes=(8, 16))
+    assert t in (0, 8 ** 3, 16 ** 3), f"measure_threshold returns n^3 of a measured size or 0; got {t}"

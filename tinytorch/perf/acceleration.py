@@ -25,7 +25,8 @@ __all__ = ['EAGER_OPS', 'ELEMENTWISE', 'FOLD_LIMIT', 'C_FLAGS', 'PASSES', 'cache
            'run_node', 'dead_code_elimination', 'constant_fold', 'common_subexpression_elimination', 'fusion_groups',
            'fuse_elementwise', 'c_literal', 'c_expression', 'KernelCompileError', 'c_compiler', 'kernel_cache_dir',
            'build_c_kernel', 'kernel_source', 'chunk_elements', 'FusedKernel', 'optimize', 'attach_kernels',
-           'CompiledFunction', 'compile']
+           'CompiledFunction', 'compile', 'ComputeBackend', 'NumpyBackend', 'BlockedBackend', 'SizeDispatch',
+           'measure_threshold', 'current_backend', 'use_backend']
 
 # %% ../../modules/17_acceleration/17_acceleration.ipynb #a006
 def cache_sizes() -> dict:
@@ -868,3 +869,82 @@ def compile(fn=None, *, backend: str = "auto", on_branch: str = "retrace"):
     if fn is None:
         return lambda f: CompiledFunction(f, backend, on_branch)
     return CompiledFunction(fn, backend, on_branch)
+
+# %% ../../modules/17_acceleration/17_acceleration.ipynb #a034
+class ComputeBackend:
+    "How a compiled graph runs its matmuls: subclasses give `matmul(a, b)` on NumPy arrays."
+    name = "base"
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__}.matmul")
+
+
+class NumpyBackend(ComputeBackend):
+    "BLAS through `np.matmul`."
+    name = "numpy"
+
+    def matmul(self, a, b):
+        return np.matmul(a, b)
+
+
+class BlockedBackend(ComputeBackend):
+    "`blocked_matmul` for 2-D products (tile from the L2 size); anything else through `np.matmul`."
+    name = "blocked"
+
+    def matmul(self, a, b):
+        if a.ndim == 2 and b.ndim == 2 and a.dtype == np.float32 and b.dtype == np.float32:
+            return blocked_matmul(a, b)
+        return np.matmul(a, b)
+
+
+class SizeDispatch(ComputeBackend):
+    """`small` for products with at most `threshold` multiply-adds (n * k * m), `large` above it.
+    `measure_threshold` picks the threshold by timing both on this machine."""
+    name = "dispatch"
+
+    def __init__(self, small: ComputeBackend, large: ComputeBackend, threshold: int):
+        self.small, self.large, self.threshold = small, large, int(threshold)
+
+    def matmul(self, a, b):
+        work = a.shape[-2] * a.shape[-1] * b.shape[-1] if a.ndim >= 2 and b.ndim >= 2 else a.size
+        return (self.small if work <= self.threshold else self.large).matmul(a, b)
+
+
+def measure_threshold(small: ComputeBackend, large: ComputeBackend, sizes=(16, 32, 64, 128, 256)) -> int:
+    "The largest n^3 (square n x n products) at which `small` was still at least as fast as `large`; 0 if never."
+    from tinytorch.perf.measure import time_call
+    rng, best = np.random.default_rng(0), 0
+    for n in sizes:
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        if time_call(lambda: small.matmul(a, b), repeats=3).best <= time_call(lambda: large.matmul(a, b), repeats=3).best:
+            best = n ** 3
+    return best
+
+
+_BACKEND = [NumpyBackend()]
+
+
+def current_backend() -> ComputeBackend:
+    "The backend compiled graphs use now (NumPy/BLAS unless `use_backend` says otherwise)."
+    return _BACKEND[-1]
+
+
+class use_backend:
+    "`with use_backend(BlockedBackend()):` makes compiled graphs run their matmuls on that backend inside the block."
+
+    def __init__(self, backend: ComputeBackend):
+        if not isinstance(backend, ComputeBackend):
+            raise TypeError(f"use_backend: expected a ComputeBackend; got {type(backend).__name__}")
+        self.backend = backend
+
+    def __enter__(self):
+        _BACKEND.append(self.backend)
+        return self.backend
+
+    def __exit__(self, *exc):
+        _BACKEND.pop()
+        return False
+
+
+EAGER_OPS["matmul"] = lambda a, b: current_backend().matmul(a, b)
