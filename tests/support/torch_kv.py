@@ -60,9 +60,9 @@ class TorchCachedGPT:
         with self.torch.inference_mode():
             cache = self.new_cache(idx.shape[0])
             logits = self.forward(idx, 0, cache)[:, -1]
-            for step in range(max_new_tokens):
+            for i in range(max_new_tokens):
                 nxt = sample_next(logits.numpy(), temperature, top_k, rng)
-                idx = np.concatenate([idx, nxt[:, None]], axis=1)
-                if step + 1 < max_new_tokens:
+                idx = np.hstack((idx, nxt[:, None]))
+                if i + 1 < max_new_tokens:
                     logits = self.forward(nxt[:, None], idx.shape[1] - 1, cache)[:, -1]
         return idx
