@@ -13,11 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "modules" / "README.md"]
 
 
+def code_text(markdown: str) -> str:
+    """The code of a markdown document: its fenced blocks and inline code spans (prose may say "tito starts the
+    worker"; a command is what a reader would type)."""
+    fenced = re.findall(r"^```[^\n]*\n(.*?)^```", markdown, flags=re.S | re.M)
+    rest = re.sub(r"^```[^\n]*\n.*?^```", "", markdown, flags=re.S | re.M)
+    return "\n".join(fenced + re.findall(r"`([^`\n]+)`", rest))
+
+
 def tito_commands() -> set[tuple[str, ...]]:
-    """Command paths (`module complete`, `nbgrader generate`...) of every `tito ...` mention in the docs."""
+    """Command paths (`module complete`, `nbgrader generate`...) of every `tito ...` command in the docs' code."""
     found = set()
     for doc in DOCS:
-        for m in re.finditer(r"\btito ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)", doc.read_text()):
+        for m in re.finditer(r"\btito ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)", code_text(doc.read_text())):
             words = tuple(m.group(1).split())
             found.add(words)
     return found

@@ -290,3 +290,21 @@ def test_milestone_plot_is_readable_like_any_new_file(tmp_path):
         os.umask(old)
     mode = out.stat().st_mode & 0o777
     assert mode == 0o644, f"plot written with mode {oct(mode)}; expected 0o644 under umask 022"
+
+
+def test_own_stub_called_back_by_an_earlier_module_is_not_blamed_on_it():
+    "Module 14's Profiler._on_op stub raises inside module 01's op observer call: the stub is the notebook's own."
+    from tito.commands.check import cell_reason
+
+    root = Path(__file__).resolve().parents[1]
+    modules = load_modules(root)
+    tb = ("Cell In[22], line 3, in <module>\n"
+          "File /e/tinytorch/core/tensor.py:290, in Tensor.from_op(data, op, inputs, saved, attrs)\n"
+          "File /e/tinytorch/core/tensor.py:200, in _notify(node, out)\n"
+          "Cell In[21], line 120, in Profiler._on_op(self, node, out)\n")
+    cell = nbs.CellResult(0, "t", "Exercise 14.5", True, 3, status="not_implemented", function="Profiler._on_op",
+                          traceback=tb)
+    assert cell_reason(cell, modules, "14") == "not implemented yet: Profiler._on_op"
+    earlier = nbs.CellResult(0, "t", "x", True, 3, status="not_implemented", function="Tensor.matmul",
+                             traceback=tb.rsplit("Cell In[21]", 1)[0] + "File /e/tinytorch/core/tensor.py:600, in Tensor.matmul(self)\n")
+    assert cell_reason(earlier, modules, "14") == "not implemented yet: Tensor.matmul (module 01, tinytorch/core/tensor.py)"

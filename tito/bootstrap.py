@@ -34,7 +34,8 @@ def setup(job: str) -> Path:
         print(f"creating virtual environment {env_dir}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     stamp = env_dir / ".tinytorch-install"
-    extras = ["test", "reference"] if job == "test" else ["test"]  # the test suite compares with PyTorch
+    # the test suite compares with PyTorch and builds the lab guide (Jupyter Book)
+    extras = ["test", "reference", "guide"] if job == "test" else ["test"]
     base = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest() + str(ROOT)
     have = stamp.read_text().split("|") if stamp.exists() else []
     if not have or have[0] != base or not set(extras) <= set(have[1:]):
@@ -64,6 +65,26 @@ def ensure_bubblewrap() -> None:
     print("note: installing bubblewrap failed: the grading sandbox tests that need it are skipped", flush=True)
 
 
+def ensure_chromium() -> None:
+    """Headless Chromium for the lab guide's browser test (tests/test_guide.py), installed with apt-get
+    as `ensure_bubblewrap` installs bwrap; elsewhere that test skips and says why."""
+    import shutil
+
+    if shutil.which("chromium") or shutil.which("chromium-browser") or not sys.platform.startswith("linux"):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        print("note: chromium is not installed and cannot be installed here (needs root and apt-get): "
+              "the lab guide's browser test is skipped", flush=True)
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "install", "-y", "-qq", "chromium"], ["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "chromium"]):
+        print("+", " ".join(cmd), flush=True)
+        if subprocess.call(cmd, env=env, stdout=subprocess.DEVNULL) == 0 and shutil.which("chromium"):
+            return
+    print("note: installing chromium failed: the lab guide's browser test is skipped", flush=True)
+
+
 def main(argv: list[str]) -> None:
     job = argv[0] if argv else "run"
     py = setup(job)
@@ -75,6 +96,7 @@ def main(argv: list[str]) -> None:
         sh(py, "-m", "tito.milestones", "run-all", *argv[1:], env=env)
     elif job == "test":
         ensure_bubblewrap()
+        ensure_chromium()
         # One test worker per core (pytest-xdist; TINYTORCH_TEST_WORKERS=1 runs serially), each with
         # single-threaded BLAS: more threads than cores make every small matmul wait for a core.
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):

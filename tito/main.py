@@ -5,12 +5,14 @@
     tito student init DIR                           write a student edition
     tito nbgrader generate|collect|autograde|feedback|export   the instructor loop
     tito milestone list|run                         historic milestones
+    tito guide build                                the lab guide (HTML book)
     tito doctor                                     is this machine ready?
 """
 from __future__ import annotations
 
 import typer
 
+from tito import guide
 from tito.commands import check, doctor, milestone, module, nbgrader, student
 
 app = typer.Typer(help="TinyTorch course CLI: build, test and grade the modules.", no_args_is_help=True,
@@ -20,6 +22,7 @@ check.register(app)
 app.add_typer(student.app, name="student")
 app.add_typer(nbgrader.app, name="nbgrader")
 app.add_typer(milestone.app, name="milestone")
+app.add_typer(guide.app, name="guide")
 doctor.register(app)
 
 

@@ -378,10 +378,11 @@ def transformer_block(x, p: dict, num_heads: int, prefix: str = ""):
     return x + linear(h, w("mlp.proj.weight"), w("mlp.proj.bias"))
 
 
-def gpt_logits(ids, p: dict, num_heads: int, num_layers: int):
-    "GPT logits from parameters by their documented names (token + learned position embeddings, blocks, ln_f, head)."
+def gpt_logits(ids, p: dict, num_heads: int, num_layers: int, start_pos: int = 0):
+    """GPT logits from parameters by their documented names (token + learned position embeddings of positions
+    start_pos.., blocks, ln_f, head)."""
     ids = np.asarray(ids)
-    x = embedding(p["tok_emb.weight"], ids) + np.asarray(p["pos_emb.weight"])[: ids.shape[1]]
+    x = embedding(p["tok_emb.weight"], ids) + np.asarray(p["pos_emb.weight"])[start_pos:start_pos + ids.shape[1]]
     for i in range(num_layers):
         x = transformer_block(x, p, num_heads, prefix=f"blocks.{i}.")
     return linear(layer_norm(x, p["ln_f.weight"], p["ln_f.bias"]), p["head.weight"])

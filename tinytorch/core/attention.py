@@ -4,30 +4,93 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
-from .activations import Softmax
-from .layers import Linear, Module, check_positive_int
+from .autograd import Function
+from .layers import Linear, Module, as_generator, check_positive_int
 from .tensor import Tensor, concatenate
 
 # %% auto #0
-__all__ = ['causal_mask', 'scaled_dot_product_attention', 'MultiHeadAttention', 'ConcatCache']
+__all__ = ['attention_scores', 'causal_mask', 'MaskedSoftmax', 'scaled_dot_product_attention', 'ConcatCache',
+           'MultiHeadAttention']
+
+# %% ../../modules/12_attention/12_attention.ipynb #attention-helpers
+def _as_tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor | None = None, who: str = "scaled_dot_product_attention") -> None:
+    "Shapes that attention can combine, or a ValueError naming them all."
+    ok = q.ndim >= 2 and k.ndim == q.ndim and q.shape[-1] == k.shape[-1]
+    if v is not None:
+        ok = ok and v.ndim == q.ndim and k.shape[-2] == v.shape[-2]
+    if not ok:
+        got = f"q {q.shape}, k {k.shape}" + ("" if v is None else f", v {v.shape}")
+        want = "q (..., Tq, d), k (..., Tk, d)" + ("" if v is None else ", v (..., Tk, dv)")
+        raise ValueError(f"{who}: {got} do not fit: expected {want} with the same number of dimensions")
+
+
+def _check_mask(m: np.ndarray, q: Tensor, k: Tensor) -> None:
+    "A mask must broadcast to the scores' shape (..., Tq, Tk) without changing it, or a ValueError naming both."
+    scores = np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    try:
+        fits = np.broadcast_shapes(m.shape, scores) == scores
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"scaled_dot_product_attention: a mask of shape {m.shape} does not broadcast to the "
+                         f"scores' shape {scores}; a (Tq, Tk) mask works for every batch and head")
+
+# %% ../../modules/12_attention/12_attention.ipynb #attention-scores
+def attention_scores(q, k) -> Tensor:
+    """How well every query matches every key: the scaled dot products, `(..., Tq, Tk)`.
+
+    TODO (Exercise 12.1): the dot product of query i with key j, for all i and j at once, divided
+    by `sqrt(d)`, as recorded Tensor ops (so gradients reach `q` and `k`).
+
+    CONTRACT:
+    - `q` is `(..., Tq, d)`, `k` is `(..., Tk, d)` (Tensors or arrays; leading batch and head axes
+      broadcast); the result is a Tensor `(..., Tq, Tk)` with
+      `result[..., i, j] = sum over c of q[..., i, c] * k[..., j, c] / sqrt(d)`, `d = q.shape[-1]`.
+    - Shapes that do not fit raise the ValueError of `_check_qkv` (given), e.g.
+      "attention_scores: q (2, 3, 4), k (2, 5, 3) do not fit: expected q (..., Tq, d), k (..., Tk, d)
+      with the same number of dimensions".
+
+    EXAMPLE: `q = [[1., 0.], [0., 2.]]`, `k = [[1., 1.], [3., 0.], [0., 0.]]` (d = 2) gives
+    `[[0.707, 2.121, 0.], [1.414, 0., 0.]]`.
+
+    HINTS: `Tensor.transpose` (which two axes?), `@`, `math.sqrt`. The scale can be applied before
+    or after the product: the result is the same, the cost is not (see Section 1).
+    """
+    q, k = _as_tensor(q), _as_tensor(k)
+    _check_qkv(q, k, who="attention_scores")
+    ### BEGIN SOLUTION
+    return (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+    ### END SOLUTION
 
 # %% ../../modules/12_attention/12_attention.ipynb #attention-masks
 def causal_mask(q_len: int, k_len: int | None = None, align: str = "bottom_right") -> np.ndarray:
-    """Boolean `(q_len, k_len)` array, True where query i may NOT attend to key j (the future).
+    """Which keys each query may NOT see: a boolean `(q_len, k_len)` array, True = masked (the future).
 
-    `align="bottom_right"` (the default, PyTorch's `causal_lower_right`): the `q_len` queries are
-    the *last* `q_len` of the `k_len` positions, so query i sees keys `j <= i + (k_len - q_len)`.
-    That is what a KV cache needs: one new query over 5 cached keys plus itself sees all 6.
-    `align="top_left"` (PyTorch's `causal_upper_left`, the `is_causal=True` of
-    `F.scaled_dot_product_attention`): query i sees keys `j <= i`. With `q_len == k_len` both are
-    the usual triangle.
+    TODO (Exercise 12.2): build the array for both alignments, with no Python loop.
 
-    Errors: a size that is not a positive integer, an unknown `align`, and `k_len < q_len` with
-    `bottom_right` (the first queries would see no key at all) raise ValueError naming the values.
+    CONTRACT:
+    - `align="bottom_right"` (the default; PyTorch's `causal_lower_right`): the `q_len` queries are
+      the *last* `q_len` of the `k_len` positions, so query i sits at position `i + (k_len - q_len)`
+      and may see every key up to and including that position.
+    - `align="top_left"` (PyTorch's `causal_upper_left`): query i sits at position i.
+    - `k_len` defaults to `q_len`; with `q_len == k_len` both alignments give the same triangle.
+    - The checks are given: sizes that are not positive integers, an unknown `align`, and
+      `k_len < q_len` with `bottom_right` raise ValueError, e.g. "causal_mask: align must be
+      'bottom_right' or 'top_left'; got 'bottom-right'".
+
+    EXAMPLE: `causal_mask(2, 4)`, two new queries after two cached positions:
+    `[[False, False, False, True], [False, False, False, False]]`;
+    `causal_mask(2, 4, align="top_left")`: `[[False, True, True, True], [False, False, True, True]]`.
+
+    HINTS: `np.triu` or `np.tril` and their `k` argument (a diagonal offset); or compare an
+    `np.arange` column with an `np.arange` row (broadcasting). Check your answer on the examples.
     """
     q_len = check_positive_int(q_len, "q_len", "causal_mask")
     k_len = q_len if k_len is None else check_positive_int(k_len, "k_len", "causal_mask")
@@ -37,163 +100,109 @@ def causal_mask(q_len: int, k_len: int | None = None, align: str = "bottom_right
         raise ValueError(f"causal_mask: align='bottom_right' needs k_len >= q_len (the queries are the last q_len "
                          f"of the k_len positions); got q_len={q_len}, k_len={k_len}. Pass align='top_left' if "
                          f"query i should see keys 0..i")
+    ### BEGIN SOLUTION
     offset = k_len - q_len if align == "bottom_right" else 0
     return np.triu(np.ones((q_len, k_len), dtype=bool), k=offset + 1)
+    ### END SOLUTION
 
+# %% ../../modules/12_attention/12_attention.ipynb #attention-softmax
+class MaskedSoftmax(Function):
+    """Softmax over the last axis that gives masked entries exactly zero weight, as one autograd op.
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    "Shapes that attention can combine, or a ValueError naming all three."
-    ok = (q.ndim >= 2 and k.ndim == q.ndim and v.ndim == q.ndim and q.shape[-1] == k.shape[-1]
-          and k.shape[-2] == v.shape[-2])
-    if not ok:
-        raise ValueError(
-            f"scaled_dot_product_attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit: expected "
-            f"q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv) with the same number of dimensions"
-        )
+    `MaskedSoftmax.apply(scores, mask)`: `scores` a Tensor `(..., Tq, Tk)`; `mask` None or a
+    boolean array broadcastable to it, True = masked. Returns the attention weights, a Tensor of
+    the same shape and dtype; backward gives the gradient of `scores` (the mask gets none).
+    """
+
+    @staticmethod
+    def forward(ctx, scores: np.ndarray, mask=None) -> np.ndarray:
+        """The weights: a softmax of each row over the entries the mask leaves, zero elsewhere.
+
+        TODO (Exercise 12.3): the masked, numerically stable softmax along the last axis; save
+        the weights (and only them) with `ctx.save`: backward's given first line reads them back.
+
+        CONTRACT:
+        - Masked entries (True in `mask`) and entries of `scores` equal to `-inf` (an additive
+          mask) get weight exactly 0; the others are `exp(s_j) / sum of exp(s_l)` over the entries
+          l of the row that are not masked, so every row with at least one such entry sums to 1.
+        - No overflow for scores of any size (`1e4` is fine); no NaN and no warning anywhere.
+        - A row with every entry masked gets all-zero weights (a query with nothing to look at
+          reads nothing). PyTorch's softmax gives NaN there.
+        - Same shape and dtype as `scores`; `mask` None means no entry is masked.
+
+        EXAMPLE: `scores = [[1., 2., 3.], [5., 5., 5.]]`, `mask = [[False, False, True], [True, True, True]]`
+        gives `[[0.269, 0.731, 0.], [0., 0., 0.]]`.
+
+        HINTS: Module 02's max-subtraction, with the maximum taken over the entries that are not
+        masked (`np.where`, `np.max` with `keepdims`); `np.isfinite` tells a row with no such
+        entry; `np.exp` of `-inf` is exactly 0; `np.divide` has a `where=` argument (with `out=`).
+        """
+        ### BEGIN SOLUTION
+        s = scores if mask is None else np.where(mask, -np.inf, scores)
+        m = np.max(s, axis=-1, keepdims=True)
+        e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+        z = np.sum(e, axis=-1, keepdims=True)
+        w = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+        ctx.save(w)
+        return w
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad: np.ndarray):
+        """Return `(grad_scores, None)`: the gradient of the scores from that of the weights.
+
+        TODO (Exercise 12.4): the vector-Jacobian product of the softmax, one row at a time but
+        written for all rows at once, from the weights forward saved (no exponentials again).
+
+        CONTRACT: `grad` has the weights' shape; `grad_scores` too. Masked entries and rows with
+        every entry masked get a zero gradient. Checked against PyTorch and central differences.
+
+        HINTS: the Jacobian in the markdown above; a row sum with `keepdims=True`; the weights
+        are zero exactly where the mask was, which takes care of the masked entries.
+        """
+        (w,) = ctx.saved
+        ### BEGIN SOLUTION
+        return w * (grad - np.sum(grad * w, axis=-1, keepdims=True)), None
+        ### END SOLUTION
 
 # %% ../../modules/12_attention/12_attention.ipynb #attention-sdpa
 def scaled_dot_product_attention(q, k, v, mask=None, is_causal: bool = False) -> Tensor:
-    """Attention of queries `q` over keys `k` and values `v`: `softmax(q k^T / sqrt(d)) v`.
+    """Attention of queries `q` over keys `k` and values `v`: `softmax(q k^T / sqrt(d)) v`, masked.
 
-    TODO (Exercise 12.1): four recorded Tensor ops and the masks, so gradients reach q, k and v.
+    TODO (Exercise 12.5): put Exercises 12.1-12.4 together: scores, every mask, weights, and the
+    weighted sum of the values, so that gradients reach `q`, `k` and `v`.
 
     CONTRACT:
-    - `q` is `(..., Tq, d)`, `k` is `(..., Tk, d)`, `v` is `(..., Tk, dv)`; the result is
+    - `q` is `(..., Tq, d)`, `k` is `(..., Tk, d)`, `v` is `(..., Tk, dv)`; the result is a Tensor
       `(..., Tq, dv)`. Leading (batch, head) axes broadcast. `_check_qkv` (given) raises the shape
-      error.
-    - `mask`, when given, is boolean and broadcastable to `(..., Tq, Tk)`: True where attention is
-      NOT allowed, as `causal_mask` and `nn.MultiheadAttention` (PyTorch's
-      `F.scaled_dot_product_attention` uses the opposite: True = allowed). A float mask is added to
-      the scores instead (e.g. `-inf` or a bias).
-    - `is_causal=True` applies `causal_mask(Tq, Tk)` (given, bottom-right aligned) as well.
-    - Masked positions get exactly zero weight. A query that may attend to nothing gets all-zero
-      weights and a zero output (PyTorch gives NaN there): no NaN reaches the output or gradients.
-    - Scale by `1 / sqrt(d)`, `d` the last axis of `q`.
+      error, e.g. "scaled_dot_product_attention: q (2, 4), k (3, 5), v (3, 2) do not fit: ...".
+    - `mask` (optional, array or Tensor, broadcastable to `(..., Tq, Tk)`): boolean, True = this
+      query may NOT attend to this key (as `causal_mask` and `torch.nn.MultiheadAttention`; note
+      that `torch.nn.functional.scaled_dot_product_attention` reads a boolean mask the other way
+      round). A float mask is *added* to the scores instead (a bias; `-inf` masks).
+    - `is_causal=True` also masks the future, `causal_mask(Tq, Tk)` (bottom-right aligned); with
+      `Tk < Tq` that raises causal_mask's error.
+    - Masked keys get weight exactly 0; a query left with no key gets a zero output, not NaN.
+
+    EXAMPLE: with `Tq = Tk = 3` and `is_causal=True`, output row 0 is `v[..., 0, :]` exactly.
+
+    HINTS: `attention_scores`, `causal_mask`, `np.logical_or` (or `|`) to combine boolean masks,
+    `MaskedSoftmax.apply`, `@`. The `dtype` of an array tells a boolean mask from a float one.
     """
-    q, k, v = (t if isinstance(t, Tensor) else Tensor(t) for t in (q, k, v))
+    q, k, v = _as_tensor(q), _as_tensor(k), _as_tensor(v)
     _check_qkv(q, k, v)
+    m = None if mask is None else (mask.data if isinstance(mask, Tensor) else np.asarray(mask))
+    if m is not None:
+        _check_mask(m, q, k)
     ### BEGIN SOLUTION
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    if is_causal:
-        scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2]), -np.inf)
-    if mask is not None:
-        m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-        scores = scores.masked_fill(m, -np.inf) if m.dtype == np.bool_ else scores + Tensor(m, dtype=scores.dtype)
-    dead = np.isneginf(scores.data).all(axis=-1, keepdims=True)
-    if dead.any():
-        weights = Softmax(dim=-1)(scores.masked_fill(dead, 0.0)).masked_fill(dead, 0.0)
-    else:
-        weights = Softmax(dim=-1)(scores)
-    return weights @ v
+    scores = attention_scores(q, k)
+    masked = causal_mask(q.shape[-2], k.shape[-2]) if is_causal else None
+    if m is not None and m.dtype == np.bool_:
+        masked = m if masked is None else (masked | m)
+    elif m is not None:
+        scores = scores + Tensor(m.astype(scores.dtype))
+    return MaskedSoftmax.apply(scores, masked) @ v
     ### END SOLUTION
-
-# %% ../../modules/12_attention/12_attention.ipynb #attention-mha
-class MultiHeadAttention(Module):
-    """`num_heads` attentions side by side on slices of `embed_dim`, then one output projection.
-
-    `MultiHeadAttention(embed_dim, num_heads, bias=True, rng=None)`: parameters `q_proj`, `k_proj`,
-    `v_proj`, `out_proj` (each `Linear(embed_dim, embed_dim)`, Xavier-initialised). Stacking the
-    three input weights gives PyTorch's `in_proj_weight`, so weights map one-to-one onto
-    `torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)`.
-    """
-
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, rng=None):
-        super().__init__()
-        for label, n in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
-                raise ValueError(f"MultiHeadAttention: {label} must be a positive integer; got {n!r}")
-        if embed_dim % num_heads:
-            raise ValueError(f"MultiHeadAttention: embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
-                             f"each head gets embed_dim // num_heads dimensions")
-        self.embed_dim, self.num_heads, self.head_dim = int(embed_dim), int(num_heads), int(embed_dim) // int(num_heads)
-        gen = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
-        self.q_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
-        self.k_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
-        self.v_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
-
-    def split_heads(self, x: Tensor) -> Tensor:
-        """`(B, T, E)` -> `(B, H, T, E // H)`: each head's slice of the features, heads as a batch axis.
-
-        TODO (Exercise 12.2a): a reshape then a transpose (views of the same numbers, recorded).
-        EXAMPLE: E = 8, H = 2: features 0-3 go to head 0, features 4-7 to head 1 (PyTorch's layout).
-        """
-        ### BEGIN SOLUTION
-        b, t, _ = x.shape
-        return x.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        ### END SOLUTION
-
-    def merge_heads(self, x: Tensor) -> Tensor:
-        """`(B, H, T, Dh)` -> `(B, T, H * Dh)`: the inverse of `split_heads`.
-
-        TODO (Exercise 12.2b).
-        """
-        ### BEGIN SOLUTION
-        b, h, t, d = x.shape
-        return x.transpose(1, 2).reshape(b, t, h * d)
-        ### END SOLUTION
-
-    def forward(self, query, key=None, value=None, mask=None, is_causal: bool = False, cache=None,
-                key_padding_mask=None) -> Tensor:
-        """Attention of `query` `(B, Tq, E)` over `key`/`value` `(B, Tk, E)` (self-attention when omitted).
-
-        `mask` (boolean, True = not allowed, or a float mask added to the scores) and `is_causal`
-        (bottom-right aligned) are passed to `scaled_dot_product_attention`; a mask of shape
-        `(Tq, Tk)` or `(B, 1, Tq, Tk)` broadcasts over heads. Returns `(B, Tq, E)`.
-
-        Serving (given code, module 18 writes the caches): `cache` is an object with
-        `update(k, v) -> (k_all, v_all)` on `(B, H, T, Dh)` Tensors (`ConcatCache` below); the new
-        keys and values are appended and attention is causal (bottom-right: the new queries are the
-        last positions). `key_padding_mask` `(B, T_keys)` boolean, True = a padding key nobody
-        attends to; `T_keys` counts the cached keys too. A query left with no key gets a zero
-        attention output (its row of weights is all zero), never NaN.
-        """
-        query, key, value = self._inputs(query, key, value)
-        ### BEGIN SOLUTION
-        q = self.split_heads(self.q_proj(query))
-        k = self.split_heads(self.k_proj(key))
-        v = self.split_heads(self.v_proj(value))
-        ### END SOLUTION
-        k, v, mask, is_causal = self._cache_and_padding(k, v, mask, is_causal, cache, key_padding_mask)
-        ### BEGIN SOLUTION
-        return self.out_proj(self.merge_heads(scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)))
-        ### END SOLUTION
-
-    def _inputs(self, query, key, value):
-        "query, key, value as Tensors (key and value default to query), each checked to be (B, T, E)."
-        query = query if isinstance(query, Tensor) else Tensor(query)
-        key = query if key is None else (key if isinstance(key, Tensor) else Tensor(key))
-        value = key if value is None else (value if isinstance(value, Tensor) else Tensor(value))
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if t.ndim != 3 or t.shape[-1] != self.embed_dim:
-                raise ValueError(f"MultiHeadAttention: {name} must have shape (batch, seq, {self.embed_dim}); got {t.shape}")
-        return query, key, value
-
-    def _cache_and_padding(self, k, v, mask, is_causal, cache, key_padding_mask):
-        """The serving seam (given): append the new heads' keys/values to `cache`, and turn a key
-        padding mask into a boolean attention mask over `(B, 1, 1, T_keys)`. Returns (k, v, mask, is_causal)."""
-        if cache is not None:
-            k, v = cache.update(k, v)
-            is_causal = True
-        if key_padding_mask is not None:
-            pad = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else np.asarray(key_padding_mask)
-            b, t_keys = k.shape[0], k.shape[-2]
-            if pad.dtype != np.bool_:
-                raise TypeError(f"MultiHeadAttention: key_padding_mask must be boolean (True = padding, ignored); got "
-                                f"dtype {pad.dtype}. From an attention_mask of 1 (keep) / 0 (pad) pass attention_mask == 0")
-            if pad.shape != (b, t_keys):
-                raise ValueError(f"MultiHeadAttention: key_padding_mask must have shape (batch, keys) = ({b}, {t_keys}) "
-                                 f"(cached keys included); got {pad.shape}")
-            pad = pad[:, None, None, :]
-            if mask is None:
-                mask = pad
-            else:
-                m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-                mask = (m | pad) if m.dtype == np.bool_ else np.where(pad, -np.inf, m).astype(m.dtype)
-        return k, v, mask, is_causal
-
-    def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
 
 # %% ../../modules/12_attention/12_attention.ipynb #attention-cache
 class ConcatCache:
@@ -202,7 +211,7 @@ class ConcatCache:
     `cache.update(k, v) -> (k_all, v_all)`: `k`, `v` are Tensors `(B, H, T_new, Dh)` of the new
     positions; the result holds all positions so far, `(B, H, T_past + T_new, Dh)`. Any object with
     this `update` method works as `MultiHeadAttention(..., cache=...)`: module 18 writes faster
-    ones (a preallocated buffer, a paged pool). `seq_len` is `T_past + T_new` after an update.
+    ones (a preallocated buffer, a paged pool). `seq_len` is the number of positions held.
     """
 
     def __init__(self):
@@ -227,3 +236,137 @@ class ConcatCache:
 
     def __repr__(self) -> str:
         return f"ConcatCache(seq_len={self.seq_len})"
+
+# %% ../../modules/12_attention/12_attention.ipynb #attention-mha
+class MultiHeadAttention(Module):
+    """`num_heads` attentions side by side on slices of `embed_dim`, then one output projection.
+
+    `MultiHeadAttention(embed_dim, num_heads, bias=True, rng=None)`: parameters `q_proj`, `k_proj`,
+    `v_proj`, `out_proj` (each `Linear(embed_dim, embed_dim)`, Xavier-initialised). Stacking the
+    three input weights gives PyTorch's `in_proj_weight`, so weights map one-to-one onto
+    `torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)`.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, rng=None):
+        super().__init__()
+        embed_dim = check_positive_int(embed_dim, "embed_dim", "MultiHeadAttention")
+        num_heads = check_positive_int(num_heads, "num_heads", "MultiHeadAttention")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiHeadAttention: embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
+                             f"each head gets embed_dim // num_heads dimensions")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        gen = as_generator(rng)
+        self.q_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
+        self.k_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
+        self.v_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, init="xavier", rng=gen)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """Give each head its own slice of the features, with the heads as a batch axis.
+
+        TODO (Exercise 12.6a): `(B, T, E)` -> `(B, H, T, Dh)`, `H = self.num_heads`,
+        `Dh = self.head_dim = E // H`, as views of the same numbers (recorded ops, no copy where
+        NumPy can avoid one).
+
+        CONTRACT: `out[b, h, t, c] == x[b, t, h * Dh + c]`: head h holds features `h*Dh` to
+        `(h+1)*Dh - 1` of every position (PyTorch's layout, so its weights map onto ours).
+
+        EXAMPLE: `E = 8`, `H = 2`: `x[0, 2]` = features `[0, 1, ..., 7]` of position 2; then
+        `out[0, 0, 2]` is `[0, 1, 2, 3]` and `out[0, 1, 2]` is `[4, 5, 6, 7]`.
+
+        HINTS: `Tensor.reshape` and `Tensor.transpose`. Which order of the two new axes makes the
+        features of one head contiguous? Check with the example, and mind which axis ends up second.
+        """
+        ### BEGIN SOLUTION
+        b, t, _ = x.shape
+        return x.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        ### END SOLUTION
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """Put the heads' outputs side by side again: the inverse of `split_heads`.
+
+        TODO (Exercise 12.6b): `(B, H, T, Dh)` -> `(B, T, H * Dh)`.
+
+        CONTRACT: `merge_heads(split_heads(x))` equals `x` for every `x` `(B, T, E)`; the result's
+        features `h*Dh` to `(h+1)*Dh - 1` of position t are head h's output at t.
+
+        HINTS: undo the steps of `split_heads` in the reverse order; `Tensor.reshape` copies when
+        the data is not laid out in the order it reads (that copy is fine here).
+        """
+        ### BEGIN SOLUTION
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d)
+        ### END SOLUTION
+
+    def forward(self, query, key=None, value=None, mask=None, is_causal: bool = False, cache=None,
+                key_padding_mask=None) -> Tensor:
+        """Attention of `query` `(B, Tq, E)` over `key`/`value` `(B, Tk, E)`; self-attention when they are omitted.
+
+        TODO (Exercise 12.7): the two solution regions. First: project and split into heads the
+        queries, keys and values. Second: attend, head by head at once, and combine the heads.
+        The lines between them are given: they hand the keys and values to a KV cache and turn a
+        padding mask into an attention mask.
+
+        CONTRACT:
+        - Returns a Tensor `(B, Tq, E)`. `mask` (boolean True = not allowed, or float added to the
+          scores) and `is_causal` mean what they mean in `scaled_dot_product_attention`; a mask of
+          shape `(Tq, Tk)` or `(B, 1, Tq, Tk)` broadcasts over the heads.
+        - Serving (given code): `cache`, an object with `update(k, v) -> (k_all, v_all)` on
+          `(B, H, T, Dh)` Tensors such as `ConcatCache`, receives the new keys and values and
+          returns all of them; attention is then causal, bottom-right aligned (the new queries are
+          the last positions). `key_padding_mask` `(B, T_keys)` boolean, True = a padding key that
+          no query attends to; `T_keys` counts the cached keys too.
+        - A query left with no key (padding, masks) gets a zero attention output, never NaN.
+        - Inputs of the wrong width raise "MultiHeadAttention: query must have shape (batch, seq,
+          8); got (2, 3, 5)" (given).
+
+        HINTS: the four `Linear` layers, `split_heads`, `merge_heads`, `scaled_dot_product_attention`.
+        """
+        query, key, value = self._inputs(query, key, value)
+        ### BEGIN SOLUTION
+        q = self.split_heads(self.q_proj(query))
+        k = self.split_heads(self.k_proj(key))
+        v = self.split_heads(self.v_proj(value))
+        ### END SOLUTION
+        k, v, mask, is_causal = self._cache_and_padding(k, v, mask, is_causal, cache, key_padding_mask)
+        ### BEGIN SOLUTION
+        heads = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
+        return self.out_proj(self.merge_heads(heads))
+        ### END SOLUTION
+
+    def _inputs(self, query, key, value):
+        "query, key, value as Tensors (key and value default to query), each checked to be (B, T, E)."
+        query = _as_tensor(query)
+        key = query if key is None else _as_tensor(key)
+        value = key if value is None else _as_tensor(value)
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.ndim != 3 or t.shape[-1] != self.embed_dim:
+                raise ValueError(f"MultiHeadAttention: {name} must have shape (batch, seq, {self.embed_dim}); got {t.shape}")
+        return query, key, value
+
+    def _cache_and_padding(self, k, v, mask, is_causal, cache, key_padding_mask):
+        """The serving seam (given): append the new keys/values to `cache` (attention is then causal),
+        and fold a key padding mask `(B, T_keys)` into the attention mask as `(B, 1, 1, T_keys)`.
+        Returns `(k, v, mask, is_causal)`."""
+        if cache is not None:
+            k, v = cache.update(k, v)
+            is_causal = True
+        if key_padding_mask is None:
+            return k, v, mask, is_causal
+        pad = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else np.asarray(key_padding_mask)
+        b, t_keys = k.shape[0], k.shape[-2]
+        if pad.dtype != np.bool_:
+            raise TypeError(f"MultiHeadAttention: key_padding_mask must be boolean (True = padding, ignored); got "
+                            f"dtype {pad.dtype}. From an attention_mask of 1 (keep) / 0 (pad) pass attention_mask == 0")
+        if pad.shape != (b, t_keys):
+            raise ValueError(f"MultiHeadAttention: key_padding_mask must have shape (batch, keys) = ({b}, {t_keys}) "
+                             f"(cached keys included); got {pad.shape}")
+        pad = pad[:, None, None, :]
+        if mask is None:
+            return k, v, pad, is_causal
+        m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+        mask = (m | pad) if m.dtype == np.bool_ else np.where(pad, -np.inf, m).astype(m.dtype)
+        return k, v, mask, is_causal
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"

@@ -103,6 +103,8 @@ def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None) -> str:
     if not chain:
         return c.reason()
     if c.status == "not_implemented":
+        if frames and frames[-1][0] == "<notebook cell>":   # the stub is this notebook's own, called back by
+            return c.reason()                                 # an earlier module (an op observer, a hook)
         return f"{c.reason()} (module {chain[0][0]}, {chain[0][2]})"
     return f"{failures.where_it_failed(frames, modules, own)}: {c.reason()}"
 
