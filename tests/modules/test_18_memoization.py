@@ -289,3 +289,65 @@ def test_paged_layer_cache_refuses_a_batch():
     pool = PagedKVCache(4, 2, 1, 2, 3)
     with pytest.raises(ValueError, match=r"PagedLayerCache.update: one sequence per cache \(batch 1\)"):
         pool.layer_caches("s")[0].update(np.zeros((2, 2, 1, 3)), np.zeros((2, 2, 1, 3)))
+
+
+# ---------------------------------------------------------------- 18.5 gradient checkpointing
+
+def _block_grads(block, x0, up, use_checkpoint):
+    from tinytorch.core.autograd import backward
+    from tinytorch.perf.kv_cache import checkpoint
+    for p in block.parameters():
+        p.grad = None
+    x = Tensor(x0, requires_grad=True)
+    y = checkpoint(block, x) if use_checkpoint else block(x)
+    backward((y * Tensor(up)).sum())
+    return [x.grad.data] + [p.grad.data for p in block.parameters()]
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@settings(max_examples=10, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 7), seed=st.integers(0, 2**16))
+def test_checkpointed_block_gradients_equal_plain_backward_exactly(b, t, seed):
+    from tinytorch.models.gpt import TransformerBlock
+    rng = np.random.default_rng(seed)
+    block = TransformerBlock(16, 4, rng=seed % 7)
+    x0, up = rng.standard_normal((2, b, t, 16)).astype(np.float32)
+    plain, ckpt = _block_grads(block, x0, up, False), _block_grads(block, x0, up, True)
+    for i, (a, c) in enumerate(zip(plain, ckpt)):
+        np.testing.assert_array_equal(c, a, err_msg=f"gradient {i} (0 = input, then parameters) with checkpointing")
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+def test_checkpointing_a_gpt_step_keeps_gradients_and_lowers_peak_memory():
+    from tinytorch.core.losses import CrossEntropyLoss
+    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.measure import peak_memory
+    gpt = GPT(vocab_size=30, context_length=32, embed_dim=32, num_heads=4, num_layers=4, rng=0)
+    xb = np.random.default_rng(0).integers(0, 30, (4, 32))
+    yb = np.random.default_rng(1).integers(0, 30, (4, 32))
+
+    def step(use_checkpoint):
+        for p in gpt.parameters():
+            p.grad = None
+        if use_checkpoint:
+            x = gpt.drop(gpt.pos_emb(gpt.tok_emb(xb)))
+            for block in gpt.blocks:
+                x = checkpoint(block, x)
+            logits = gpt.head(gpt.ln_f(x))
+        else:
+            logits = gpt(xb)
+        CrossEntropyLoss()(logits.reshape(-1, 30), yb.reshape(-1)).backward()
+        return [p.grad.data.copy() for p in gpt.parameters()]
+
+    for a, c in zip(step(False), step(True)):
+        np.testing.assert_array_equal(c, a)
+    plain, ckpt = peak_memory(lambda: step(False)), peak_memory(lambda: step(True))
+    assert ckpt < 0.75 * plain, f"checkpointing 4 blocks should cut the step's peak memory: {ckpt:,} vs {plain:,} bytes"
+
+
+def test_checkpoint_errors_are_named():
+    from tinytorch.perf.kv_cache import checkpoint
+    with pytest.raises(TypeError, match="checkpoint: fn must be callable"):
+        checkpoint(3, Tensor(np.zeros(2)))
+    with pytest.raises(TypeError, match=r"checkpoint: inputs must be one or more Tensors; got \['ndarray'\]"):
+        checkpoint(lambda x: x, np.zeros(2))

@@ -7,14 +7,14 @@ import numbers
 
 import numpy as np
 
-from ..core.autograd import no_grad
+from ..core.autograd import Function, backward, no_grad
 from ..core.layers import as_generator, check_positive_int
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, is_grad_enabled, set_grad_enabled
 from ..models.gpt import sample_next
 
 # %% auto #0
 __all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'PagedKVCache',
-           'PagedLayerCache']
+           'PagedLayerCache', 'CheckpointFunction', 'checkpoint']
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #kv-cache
 class KVCache:
@@ -366,3 +366,63 @@ class PagedLayerCache:
         self.pool.write(self.seq_id, self.layer, k[0], v[0])
         kk, vv = self.pool.gather(self.seq_id, self.layer)
         return Tensor(kk[None]), Tensor(vv[None])
+
+# %% ../../modules/18_memoization/18_memoization.ipynb #checkpoint
+class CheckpointFunction(Function):
+    "Run `fn` without keeping its activations; recompute them in backward (gradient checkpointing)."
+
+    @staticmethod
+    def forward(ctx, fn, *arrays):
+        ctx.fn, ctx.arrays = fn, arrays
+        previous = is_grad_enabled()
+        set_grad_enabled(False)
+        try:
+            out = fn(*(Tensor(a) for a in arrays))
+        finally:
+            set_grad_enabled(previous)
+        return out.data
+
+    @staticmethod
+    def backward(ctx, grad):
+        """Recompute `fn` from the saved inputs with gradients on and backpropagate `grad` through it.
+
+        TODO (Exercise 18.5): fresh leaves, recompute, inner backward, return the inputs' gradients.
+
+        CONTRACT:
+        - `ctx.fn`, `ctx.arrays` (the inputs' arrays) were saved by forward;
+          `ctx.needs_input_grad` has one bool per argument of `apply`, the first for `fn`.
+        - Rebuild each input as a new Tensor on its array, `requires_grad` as `needs_input_grad` says;
+          run `fn` on them with grad mode on (whatever mode the caller is in), then run module 06's
+          `backward` from the recomputed output with `grad`: the parameters inside `fn` accumulate
+          their `.grad` there.
+        - Return one entry per argument of `apply`: None for `fn`, then each input's gradient
+          array (None for an input that needs none, or that the output does not depend on).
+        EXAMPLE: `checkpoint(lambda x: (x * x).sum(), x)` gives `x.grad == 2 x`, as without it.
+
+        HINTS: `set_grad_enabled` with `try` / `finally`; module 06's `backward(tensor, grad)`; a
+        tuple with a leading None.
+        """
+        ### BEGIN SOLUTION
+        xs = [Tensor(a, requires_grad=bool(need)) for a, need in zip(ctx.arrays, ctx.needs_input_grad[1:])]
+        previous = is_grad_enabled()
+        set_grad_enabled(True)
+        try:
+            out = ctx.fn(*xs)
+        finally:
+            set_grad_enabled(previous)
+        backward(out, grad)
+        return (None, *(x.grad.data if x.requires_grad and x.grad is not None else None for x in xs))
+        ### END SOLUTION
+
+
+def checkpoint(fn, *inputs) -> Tensor:
+    """`fn(*inputs)` without keeping the activations inside `fn`: they are recomputed in backward.
+
+    `inputs` are Tensors (at least one requiring a gradient, or nothing is recorded); `fn` returns
+    one Tensor and must be deterministic (no active dropout). Gradients equal those of `fn(*inputs)`.
+    """
+    if not callable(fn):
+        raise TypeError(f"checkpoint: fn must be callable (a block or a function); got {type(fn).__name__}")
+    if not inputs or not all(isinstance(x, Tensor) for x in inputs):
+        raise TypeError(f"checkpoint: inputs must be one or more Tensors; got {[type(x).__name__ for x in inputs]}")
+    return CheckpointFunction.apply(fn, *inputs)
