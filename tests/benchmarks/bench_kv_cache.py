@@ -13,6 +13,11 @@ token-identical before they are timed:
   (`F.scaled_dot_product_attention` over a preallocated cache, `inference_mode`), sampling with
   the same `sample_next` on the same generator.
 
+Then gradient checkpointing (`checkpoint`, module 18) on a training step of the milestone's model
+(context 64, batch 32): peak memory (`peak_memory`, tracemalloc: every NumPy buffer) and time of
+forward + cross-entropy + backward, plain vs one checkpoint per block, gradients checked equal
+(goals: peak <= 0.5x, time <= 1.4x).
+
 Both libraries run on the same number of threads (default 1). Prints the best of the repeats (the
 least disturbed on a shared machine) and the ratios of the bests: goals cached >= 3x faster than uncached at 128 tokens, cached <= 0.6x PyTorch's time.
 """
@@ -35,8 +40,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from tinytorch.models.gpt import GPT  # noqa: E402
-from tinytorch.perf.kv_cache import generate_cached  # noqa: E402
-from tinytorch.perf.measure import time_call  # noqa: E402
+from tinytorch.core.losses import CrossEntropyLoss  # noqa: E402
+from tinytorch.perf.kv_cache import checkpoint, generate_cached  # noqa: E402
+from tinytorch.perf.measure import peak_memory, time_call  # noqa: E402
 
 V, C, E, H, L = 65, 128, 96, 4, 2
 SAMPLING = dict(temperature=0.8, top_k=10, seed=0)
@@ -78,6 +84,35 @@ def main() -> None:
         print(f"  PyTorch {torch.__version__} cached ({torch.get_num_threads()} thread(s)): {theirs.best * 1e3:8.1f} ms "
               f"({theirs.best / new * 1e3:.2f} ms/token), token-identical; tinytorch cached / PyTorch cached = "
               f"{cached.best / theirs.best:.2f}x (goal <= 0.6x)")
+
+    bench_checkpoint(args.repeats)
+
+
+def bench_checkpoint(repeats: int) -> None:
+    gpt = GPT(V, 64, E, H, L, rng=0)
+    rng = np.random.default_rng(0)
+    xb, yb = rng.integers(0, V, (32, 64)), rng.integers(0, V, (32, 64))
+
+    def step(use_checkpoint):
+        for p in gpt.parameters():
+            p.grad = None
+        if use_checkpoint:
+            x = gpt.drop(gpt.pos_emb(gpt.tok_emb(xb)))
+            for block in gpt.blocks:
+                x = checkpoint(block, x)
+            logits = gpt.head(gpt.ln_f(x))
+        else:
+            logits = gpt(xb)
+        CrossEntropyLoss()(logits.reshape(-1, V), yb.reshape(-1)).backward()
+        return [p.grad.data.copy() for p in gpt.parameters()]
+
+    assert all(np.array_equal(a, b) for a, b in zip(step(False), step(True))), "checkpointed gradients differ"
+    mem = {c: peak_memory(lambda: step(c)) for c in (False, True)}
+    t = {c: time_call(lambda: step(c), repeats=repeats).best for c in (False, True)}
+    print(f"GPT train step, {L} blocks x {E}, batch 32 x 64 tokens, one checkpoint per block, gradients identical:")
+    print(f"  peak memory: plain {mem[False] / 1e6:.1f} MB, checkpointed {mem[True] / 1e6:.1f} MB: "
+          f"{mem[True] / mem[False]:.2f}x (goal <= 0.5x)")
+    print(f"  time: plain {t[False] * 1e3:.0f} ms, checkpointed {t[True] * 1e3:.0f} ms: {t[True] / t[False]:.2f}x (goal <= 1.4x)")
 
 
 if __name__ == "__main__":
