@@ -301,6 +301,10 @@ def _block_grads(block, x0, up, use_checkpoint):
     x = Tensor(x0, requires_grad=True)
     y = checkpoint(block, x) if use_checkpoint else block(x)
     backward((y * Tensor(up)).sum())
+    missing = [name for name, p in block.named_parameters() if p.grad is None]
+    assert x.grad is not None and not missing, (f"checkpoint={use_checkpoint}: no gradient reached "
+                                                f"{'the input' if x.grad is None else missing}: the recomputed "
+                                                f"graph must be backpropagated (module 06's backward)")
     return [x.grad.data] + [p.grad.data for p in block.parameters()]
 
 
@@ -337,6 +341,8 @@ def test_checkpointing_a_gpt_step_keeps_gradients_and_lowers_peak_memory():
         else:
             logits = gpt(xb)
         CrossEntropyLoss()(logits.reshape(-1, 30), yb.reshape(-1)).backward()
+        missing = [name for name, p in gpt.named_parameters() if p.grad is None]
+        assert not missing, f"checkpoint={use_checkpoint}: no gradient reached {missing[:3]}"
         return [p.grad.data.copy() for p in gpt.parameters()]
 
     for a, c in zip(step(False), step(True)):
