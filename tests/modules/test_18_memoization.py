@@ -1,0 +1,359 @@
+"""Module 18 (memoization): `tinytorch.perf.kv_cache` against uncached generation and PyTorch.
+
+`KVCache.update` is compared with concatenation on hypothesis-drawn chunk sizes (values, views of
+the buffers, the exact overflow error). Cached generation must give `GPT.generate`'s tokens
+exactly, over drawn seeds, prompt lengths, temperatures, top-k and lengths up to and past the
+context (where the window slides), and its logits the full forward's within float32 tolerance;
+with PyTorch installed, the same cached generation written in PyTorch
+(`tests/support/torch_kv.py`: `F.scaled_dot_product_attention` over a preallocated cache) gives
+the same tokens and logits, and the bytes per cached token equal those of PyTorch's cache tensors.
+`PagedKVCache`: random add/allocate/free sequences keep the pool consistent (no block owned twice,
+every block free or owned, a refused allocation changes nothing); write/gather round-trips in
+position order; attention over a paged cache equals attention over a contiguous one (PyTorch's
+SDPA when installed); decoding several sequences interleaved from one pool gives each sequence's
+contiguous logits; running out of blocks in the middle of a model call raises and leaves the
+cache usable.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinytorch.core.attention import scaled_dot_product_attention
+from tinytorch.core.autograd import no_grad
+from tinytorch.core.tensor import Tensor
+from tinytorch.models.gpt import GPT
+from tinytorch.perf.kv_cache import (KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
+                                     make_caches)
+from tests.support.refs import torch_or_none
+
+pytestmark = pytest.mark.module("18")
+
+
+def small_model(seed=0, context=12):
+    return GPT(vocab_size=13, context_length=context, embed_dim=16, num_heads=4, num_layers=2, rng=seed).eval()
+
+
+# ---------------------------------------------------------------- 18.1 KVCache.update
+
+@pytest.mark.exercise("18.1", "KVCache.update")
+@settings(max_examples=25, deadline=None)
+@given(chunks=st.lists(st.integers(1, 4), min_size=1, max_size=5), b=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_kvcache_equals_concatenation_and_returns_views(chunks, b, seed):
+    rng = np.random.default_rng(seed)
+    cache = KVCache(b, 2, 20, 3)
+    ks, vs = [], []
+    for n in chunks:
+        k, v = rng.standard_normal((2, b, 2, n, 3)).astype(np.float32)
+        ks.append(k), vs.append(v)
+        k_all, v_all = cache.update(Tensor(k), Tensor(v))
+        np.testing.assert_array_equal(k_all.data, np.concatenate(ks, axis=2), err_msg=f"keys after chunks {chunks}")
+        np.testing.assert_array_equal(v_all.data, np.concatenate(vs, axis=2), err_msg=f"values after chunks {chunks}")
+        assert np.shares_memory(k_all.data, cache.k) and np.shares_memory(v_all.data, cache.v), \
+            "update must return views of the preallocated buffers, not copies"
+    assert cache.seq_len == sum(chunks)
+    assert cache.bytes_written == 2 * sum(chunks) * b * 2 * 3 * 4, "each position is copied in exactly once"
+
+
+@pytest.mark.exercise("18.1", "KVCache.update")
+def test_kvcache_errors_are_exact_and_change_nothing():
+    cache = KVCache(1, 2, 8, 4)
+    cache.update(np.zeros((1, 2, 6, 4)), np.zeros((1, 2, 6, 4)))
+    with pytest.raises(ValueError) as e:
+        cache.update(np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4)))
+    assert str(e.value) == ("KVCache.update: 3 new position(s) after the 6 cached exceed max_len=8; the cache is full: "
+                            "reset() it and run the window again, or make the cache with a larger max_len")
+    assert cache.seq_len == 6 and not cache.k.any(), "a refused update writes nothing"
+    with pytest.raises(ValueError, match=r"KVCache.update: k and v must both have shape \(B, H, T_new, Dh\) = "
+                                         r"\(1, 2, T_new, 4\); got k \(1, 3, 1, 4\), v \(1, 3, 1, 4\)"):
+        cache.update(np.zeros((1, 3, 1, 4)), np.zeros((1, 3, 1, 4)))
+    with pytest.raises(ValueError, match="KVCache: max_len must be a positive integer"):
+        KVCache(1, 2, 0, 4)
+
+
+@pytest.mark.exercise("18.1", "KVCache.update")
+def test_bytes_per_token_formula_matches_the_buffers_and_torch():
+    model = GPT(vocab_size=20, context_length=16, embed_dim=24, num_heads=3, num_layers=3, rng=0)
+    caches = make_caches(model, 2)
+    per_token = cache_bytes_per_token(model)
+    assert per_token == 2 * 3 * 24 * 4
+    assert sum(c.nbytes for c in caches) == per_token * 16 * 2, "caches for B=2 x 16 positions"
+    torch = torch_or_none()
+    if torch is not None:
+        from tests.support.torch_kv import TorchCachedGPT
+        tc = TorchCachedGPT(torch, model).new_cache(2)
+        assert sum(t.element_size() * t.nelement() for layer in tc for t in layer) == per_token * 16 * 2
+
+
+# ---------------------------------------------------------------- 18.2 cached_decode
+
+@pytest.mark.exercise("18.2", "cached_decode")
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), t=st.integers(1, 12), new=st.integers(0, 16),
+       temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_k=st.sampled_from([None, 1, 3, 13, 50]),
+       b=st.integers(1, 2))
+def test_cached_generation_is_token_identical(seed, t, new, temperature, top_k, b):
+    """Up to the context (12) and past it (the window slides): the same tokens as generate."""
+    model = small_model(seed % 4)
+    prompt = np.random.default_rng(seed).integers(0, 13, (b, t))
+    plain = model.generate(prompt, new, temperature=temperature, top_k=top_k, seed=seed)
+    fast = generate_cached(model, prompt, new, temperature=temperature, top_k=top_k, seed=seed)
+    np.testing.assert_array_equal(fast, plain, err_msg=f"prompt {t}, {new} new, T={temperature}, top_k={top_k}")
+
+
+@pytest.mark.exercise("18.2", "cached_decode")
+def test_cached_logits_equal_the_full_forward_and_torch():
+    model = small_model(1, context=24)
+    ids = np.random.default_rng(0).integers(0, 13, (2, 24))
+    with no_grad():
+        full = model(ids).data
+        caches = make_caches(model, 2)
+        got = [model(ids[:, :7], cache=caches).data] + [model(ids[:, p:p + 1], start_pos=p, cache=caches).data
+                                                      for p in range(7, 24)]
+    np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=0, atol=1e-5)
+    torch = torch_or_none()
+    if torch is not None:
+        from tests.support.torch_kv import TorchCachedGPT
+        ref = TorchCachedGPT(torch, model)
+        tc = ref.new_cache(2)
+        with torch.no_grad():
+            theirs = [ref.forward(ids[:, :7], 0, tc)] + [ref.forward(ids[:, p:p + 1], p, tc) for p in range(7, 24)]
+        np.testing.assert_allclose(np.concatenate(got, axis=1), torch.cat(theirs, 1).numpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.exercise("18.2", "cached_decode")
+@pytest.mark.parametrize("temperature,top_k", [(0.0, None), (1.0, None), (0.8, 5)])
+def test_cached_generation_matches_the_torch_cached_generation(temperature, top_k):
+    torch = torch_or_none()
+    model = GPT(vocab_size=65, context_length=48, embed_dim=32, num_heads=4, num_layers=2, rng=3)
+    prompt = np.random.default_rng(1).integers(0, 65, (2, 16))
+    ours = generate_cached(model, prompt, 32, temperature=temperature, top_k=top_k, seed=11)
+    if torch is None:
+        expected = model.generate(prompt, 32, temperature=temperature, top_k=top_k, seed=11)
+    else:
+        from tests.support.torch_kv import TorchCachedGPT
+        expected = TorchCachedGPT(torch, model).generate(prompt, 32, temperature=temperature, top_k=top_k, seed=11)
+    np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.exercise("18.2", "cached_decode")
+def test_one_prefill_then_one_token_per_step():
+    model = small_model(0)
+    calls = []
+    h = model.register_forward_pre_hook(lambda m, args: calls.append((np.shape(args[0]), m.blocks[0].attn is not None)))
+    generate_cached(model, np.zeros((1, 4), np.int64), 3, temperature=0)
+    h.remove()
+    assert [c[0] for c in calls] == [(1, 4), (1, 1), (1, 1)]
+
+
+@pytest.mark.exercise("18.2", "cached_decode")
+def test_generate_cached_restores_training_mode():
+    model = small_model(0).train()
+    generate_cached(model, np.zeros((1, 2), np.int64), 2, temperature=0)
+    assert model.training
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(idx=np.zeros((1, 13), np.int64)), "generate_cached: a prompt of 13 tokens is longer than the context "
+                                            "(context_length=12); crop it to its last 12 tokens"),
+    (dict(top_k=0), "generate_cached: top_k must be a positive integer or None (None keeps every token); got 0"),
+    (dict(temperature=-1.0), "generate_cached: temperature must be >= 0 (0 is greedy); got -1.0"),
+    (dict(max_new_tokens=-2), "generate_cached: max_new_tokens must be a non-negative integer; got -2"),
+    (dict(idx=np.zeros((3,), np.int64)), "generate_cached: idx must be token ids of shape (batch, seq) with seq >= 1; got (3,)"),
+])
+def test_generate_cached_errors_are_exact(kwargs, message):
+    args = dict(idx=np.zeros((1, 3), np.int64), max_new_tokens=2) | kwargs
+    with pytest.raises(ValueError) as e:
+        generate_cached(small_model(0), **args)
+    assert str(e.value) == message
+
+
+# ---------------------------------------------------------------- 18.3 allocate
+
+@pytest.mark.exercise("18.3", "PagedKVCache.allocate")
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free"]), st.integers(0, 3), st.integers(0, 30)), max_size=25))
+def test_random_allocations_keep_the_pool_consistent(ops):
+    pool = PagedKVCache(num_blocks=10, block_size=4, num_layers=1, num_heads=1, head_dim=1)
+    want = {}
+    for op, s, n in ops:
+        if op == "free":
+            if s in pool.block_tables:
+                pool.free(s)
+                del want[s]
+            continue
+        if s not in pool.block_tables:
+            pool.add_sequence(s)
+            want[s] = 0
+        before = (dict((k, list(v)) for k, v in pool.block_tables.items()), list(pool.free_blocks))
+        try:
+            new = pool.allocate(s, n)
+            want[s] = max(want[s], n)
+            assert len(new) == max(-(-n // 4) - len(before[0][s]), 0)
+        except RuntimeError as e:
+            assert "free a finished sequence or make the pool larger" in str(e)
+            assert (pool.block_tables, pool.free_blocks) == before, "a refused allocation must change nothing"
+        owned = [b for t in pool.block_tables.values() for b in t]
+        assert len(owned) == len(set(owned)), f"a block is owned twice: {pool.block_tables}"
+        assert sorted(owned + pool.free_blocks) == list(range(10)), "every block is either free or owned once"
+        for k, t in pool.block_tables.items():
+            assert len(t) >= -(-want[k] // 4), f"sequence {k} needs {want[k]} slots, holds {len(t)} blocks"
+
+
+@pytest.mark.exercise("18.3", "PagedKVCache.allocate")
+def test_unknown_and_duplicate_sequences_are_named():
+    pool = PagedKVCache(4, 2, 1, 1, 1)
+    with pytest.raises(KeyError, match=r"PagedKVCache.allocate: unknown sequence 'q'; call add_sequence\('q'\) first"):
+        pool.allocate("q", 1)
+    pool.add_sequence("q")
+    with pytest.raises(ValueError, match=r"PagedKVCache: sequence 'q' already exists"):
+        pool.add_sequence("q")
+
+
+# ---------------------------------------------------------------- 18.4 write / gather
+
+@pytest.mark.exercise("18.4", "PagedKVCache.gather")
+@settings(max_examples=25, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 6)), min_size=1, max_size=10),
+       block_size=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_paged_attention_equals_contiguous_attention(plan, block_size, seed):
+    """Interleaved writes of three sequences, then attention of a query over each sequence's
+    gathered keys equals attention over its contiguous keys (PyTorch's SDPA when installed)."""
+    rng = np.random.default_rng(seed)
+    pool = PagedKVCache(num_blocks=200, block_size=block_size, num_layers=2, num_heads=2, head_dim=4)
+    ref = {}
+    for s, n in plan:
+        if s not in pool.block_tables:
+            pool.add_sequence(s)
+            ref[s] = np.zeros((2, 2, 0, 4), np.float32), np.zeros((2, 2, 0, 4), np.float32)
+        k, v = rng.standard_normal((2, 2, 2, n, 4)).astype(np.float32)    # (layers, H, n, Dh)
+        for layer in range(2):
+            pool.write(s, layer, k[layer], v[layer])
+        ref[s] = np.concatenate([ref[s][0], k], axis=2), np.concatenate([ref[s][1], v], axis=2)
+    torch = torch_or_none()
+    for s, (k_ref, v_ref) in ref.items():
+        for layer in range(2):
+            k, v = pool.gather(s, layer)
+            np.testing.assert_array_equal(k, k_ref[layer]), np.testing.assert_array_equal(v, v_ref[layer])
+            q = rng.standard_normal((1, 2, 1, 4)).astype(np.float32)
+            paged = scaled_dot_product_attention(Tensor(q), Tensor(k[None]), Tensor(v[None])).data
+            if torch is None:
+                contiguous = scaled_dot_product_attention(Tensor(q), Tensor(k_ref[layer][None]), Tensor(v_ref[layer][None])).data
+            else:
+                contiguous = torch.nn.functional.scaled_dot_product_attention(
+                    torch.tensor(q), torch.tensor(k_ref[layer][None]), torch.tensor(v_ref[layer][None])).numpy()
+            np.testing.assert_allclose(paged, contiguous, rtol=0, atol=1e-6)
+
+
+@pytest.mark.exercise("18.4", "PagedKVCache.write")
+def test_interleaved_sequences_from_one_pool_give_contiguous_logits():
+    model = small_model(2, context=16)
+    pool = PagedKVCache(num_blocks=12, block_size=3, num_layers=2, num_heads=4, head_dim=4)
+    seqs = {0: np.arange(16) % 13, 1: (np.arange(9) * 5) % 13, 2: (np.arange(13) * 7) % 13}
+    with no_grad():
+        out = {s: [model(ids[None, :2], cache=pool.layer_caches(s)).data] for s, ids in seqs.items()}
+        for t in range(2, 16):
+            for s, ids in seqs.items():
+                if t < len(ids):
+                    out[s].append(model(ids[None, t:t + 1], start_pos=t, cache=pool.layer_caches(s)).data)
+                elif t == len(ids):
+                    pool.free(s)       # finished: its blocks go back to the pool
+        for s, ids in seqs.items():
+            np.testing.assert_allclose(np.concatenate(out[s], axis=1), model(ids[None]).data, rtol=0, atol=1e-5)
+    assert pool.num_free_blocks == 12 - 6, "only sequence 0 (16 tokens = 6 blocks) is still held"
+
+
+@pytest.mark.exercise("18.4", "PagedKVCache.write")
+def test_running_out_of_blocks_mid_forward_corrupts_nothing():
+    model = small_model(0, context=16)
+    pool = PagedKVCache(num_blocks=3, block_size=2, num_layers=2, num_heads=4, head_dim=4)
+    ids = np.arange(8)[None] % 13
+    with no_grad():
+        model(ids[:, :4], cache=pool.layer_caches("a"))         # 2 blocks
+        model(ids[:, :2], cache=pool.layer_caches("b"))         # 1 block: pool full
+        state = ({k: list(v) for k, v in pool.block_tables.items()}, {k: list(v) for k, v in pool.lengths.items()},
+                 pool.k_pool.copy())
+        with pytest.raises(RuntimeError, match=r"PagedKVCache: sequence 'a' needs 1 more block\(s\) for 5 tokens but "
+                                               r"only 0 of 3 are free"):
+            model(ids[:, 4:5], start_pos=4, cache=pool.layer_caches("a"))
+        assert ({k: list(v) for k, v in pool.block_tables.items()}, {k: list(v) for k, v in pool.lengths.items()}) == state[:2]
+        np.testing.assert_array_equal(pool.k_pool, state[2])
+        pool.free("b")
+        got = model(ids[:, 4:5], start_pos=4, cache=pool.layer_caches("a")).data
+        np.testing.assert_allclose(got[:, -1], model(ids[:, :5]).data[:, -1], rtol=0, atol=1e-5)
+
+
+def test_paged_layer_cache_refuses_a_batch():
+    pool = PagedKVCache(4, 2, 1, 2, 3)
+    with pytest.raises(ValueError, match=r"PagedLayerCache.update: one sequence per cache \(batch 1\)"):
+        pool.layer_caches("s")[0].update(np.zeros((2, 2, 1, 3)), np.zeros((2, 2, 1, 3)))
+
+
+# ---------------------------------------------------------------- 18.5 gradient checkpointing
+
+def _block_grads(block, x0, up, use_checkpoint):
+    from tinytorch.core.autograd import backward
+    from tinytorch.perf.kv_cache import checkpoint
+    for p in block.parameters():
+        p.grad = None
+    x = Tensor(x0, requires_grad=True)
+    y = checkpoint(block, x) if use_checkpoint else block(x)
+    backward((y * Tensor(up)).sum())
+    missing = [name for name, p in block.named_parameters() if p.grad is None]
+    assert x.grad is not None and not missing, (f"checkpoint={use_checkpoint}: no gradient reached "
+                                                f"{'the input' if x.grad is None else missing}: the recomputed "
+                                                f"graph must be backpropagated (module 06's backward)")
+    return [x.grad.data] + [p.grad.data for p in block.parameters()]
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@settings(max_examples=10, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 7), seed=st.integers(0, 2**16))
+def test_checkpointed_block_gradients_equal_plain_backward_exactly(b, t, seed):
+    from tinytorch.models.gpt import TransformerBlock
+    rng = np.random.default_rng(seed)
+    block = TransformerBlock(16, 4, rng=seed % 7)
+    x0, up = rng.standard_normal((2, b, t, 16)).astype(np.float32)
+    plain, ckpt = _block_grads(block, x0, up, False), _block_grads(block, x0, up, True)
+    for i, (a, c) in enumerate(zip(plain, ckpt)):
+        np.testing.assert_array_equal(c, a, err_msg=f"gradient {i} (0 = input, then parameters) with checkpointing")
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+def test_checkpointing_a_gpt_step_keeps_gradients_and_lowers_peak_memory():
+    from tinytorch.core.losses import CrossEntropyLoss
+    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.measure import peak_memory
+    gpt = GPT(vocab_size=30, context_length=32, embed_dim=32, num_heads=4, num_layers=4, rng=0)
+    xb = np.random.default_rng(0).integers(0, 30, (4, 32))
+    yb = np.random.default_rng(1).integers(0, 30, (4, 32))
+
+    def step(use_checkpoint):
+        for p in gpt.parameters():
+            p.grad = None
+        if use_checkpoint:
+            x = gpt.drop(gpt.pos_emb(gpt.tok_emb(xb)))
+            for block in gpt.blocks:
+                x = checkpoint(block, x)
+            logits = gpt.head(gpt.ln_f(x))
+        else:
+            logits = gpt(xb)
+        CrossEntropyLoss()(logits.reshape(-1, 30), yb.reshape(-1)).backward()
+        missing = [name for name, p in gpt.named_parameters() if p.grad is None]
+        assert not missing, f"checkpoint={use_checkpoint}: no gradient reached {missing[:3]}"
+        return [p.grad.data.copy() for p in gpt.parameters()]
+
+    for a, c in zip(step(False), step(True)):
+        np.testing.assert_array_equal(c, a)
+    plain, ckpt = peak_memory(lambda: step(False)), peak_memory(lambda: step(True))
+    assert ckpt < 0.75 * plain, f"checkpointing 4 blocks should cut the step's peak memory: {ckpt:,} vs {plain:,} bytes"
+
+
+def test_checkpoint_errors_are_named():
+    from tinytorch.perf.kv_cache import checkpoint
+    with pytest.raises(TypeError, match="checkpoint: fn must be callable"):
+        checkpoint(3, Tensor(np.zeros(2)))
+    with pytest.raises(TypeError, match=r"checkpoint: inputs must be one or more Tensors; got \['ndarray'\]"):
+        checkpoint(lambda x: x, np.zeros(2))
