@@ -20,7 +20,11 @@ from .course import CourseError, Settings, edition_env, load_modules
 
 EXCLUDE = [".git", ".git/*", ".venv/*", "*/__pycache__/*", "*.pyc", ".tito/*", "nbgrader/*", ".ci/*",
            "*.egg-info/*", "build/*", "dist/*", ".pytest_cache/*", ".hypothesis/*", "milestones/outputs/*",
-           "quarto/_book/*", "quarto/.quarto/*", "*/.ipynb_checkpoints/*", "modules/llms.txt"]
+           "quarto/_book/*", "quarto/.quarto/*", "*/.ipynb_checkpoints/*", "modules/llms.txt",
+           # the instructor's side of grading: trusted probes and the proofs that the grade catches bugs
+           # and cheats (they quote solution code and need the instructor notebooks)
+           "tito/probes/*", "tito/trusted.py", "tito/probe_run.py", "tests/test_trusted.py", "tests/test_cheats.py",
+           "tests/test_references.py", "tests/support/mutation.py"]
 RELEASE_COPY = ".release.ipynb"
 # The one command that installs everything `tito` needs in an edition (the test tools included).
 INSTALL_COMMAND = 'pip install -e ".[test]"'
