@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +46,19 @@ class Mutation:
         return f"{self.module}:{self.function}:{self.why}"
 
 
+# CPython 3.11's AST constructor is not safe to run from several threads at once ("AST constructor
+# recursion depth mismatch"); the catalogue is applied from a thread pool.
+_AST_LOCK = threading.Lock()
+
+
 def _function_span(source: str, function: str) -> tuple[int, int]:
     """(first, end) 0-based line indices of the body of `function` ('name' or 'Class.method') in
     `source`, its docstring left out (a fragment in the docstring is not code)."""
     import ast
 
     cls, _, name = function.rpartition(".")
-    scope = ast.parse(source).body
+    with _AST_LOCK:
+        scope = ast.parse(source).body
     if cls:
         found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls]
         if not found:
