@@ -104,6 +104,23 @@ def test_cached_generation_is_token_identical(seed, t, new, temperature, top_k, 
 
 
 @pytest.mark.exercise("18.2", "cached_decode")
+def test_gpt_generate_use_cache_reaches_the_cache():
+    """`GPT.generate(..., use_cache=True)` (module 13's given branch) decodes through module 18: the same
+    tokens as without the cache, and one prefill then one token per forward."""
+    model = small_model(1)
+    prompt = np.random.default_rng(5).integers(0, 13, (2, 4))
+    plain = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3)
+    lengths = []
+    hook = model.register_forward_pre_hook(lambda m, args: lengths.append(np.shape(getattr(args[0], "data", args[0]))[1]))
+    try:
+        cached = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3, use_cache=True)
+    finally:
+        hook.remove()
+    np.testing.assert_array_equal(cached, plain, err_msg="generate(use_cache=True) must give generate's tokens")
+    assert lengths == [4, 1, 1, 1, 1, 1], f"expected one prefill of 4 then 1 token per step; forward saw {lengths}"
+
+
+@pytest.mark.exercise("18.2", "cached_decode")
 def test_cached_logits_equal_the_full_forward_and_torch():
     model = small_model(1, context=24)
     ids = np.random.default_rng(0).integers(0, 13, (2, 24))
