@@ -6,7 +6,7 @@
   another way, sigmoid and softmax by other formulas);
 - one bug is charged once: a `merge_pair` or im2col bug fails its own exercise only;
 - the mutation proof: the trusted verdicts catch at least 90% of the catalogue of realistic one-line bugs
-  (tests/support/mutation.py's for 06-09 plus the bugs issue 14 found ungraded in 06-13).
+  (tests/support/mutation.py's for 06-09, the bugs issue 14 found ungraded in 06-13, and LATER's for 12-16).
 """
 from __future__ import annotations
 
@@ -168,29 +168,54 @@ while ready:
 
 OTHER_ATTENTION = """
 scale = 1.0 / math.sqrt(q.shape[-1])
-scores = (q * scale) @ k.transpose(-1, -2)
-allowed = ~(~causal_mask(q.shape[-2], k.shape[-2])) if is_causal else None
-if mask is not None:
-    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-    if m.dtype == np.bool_:
-        allowed = m if allowed is None else (allowed & m)
-    else:
-        scores = scores + Tensor(m, dtype=scores.dtype)
-if allowed is not None:
-    scores = scores.masked_fill(~allowed, -np.inf)
-e = (scores - Tensor(scores.data.max(axis=-1, keepdims=True))).exp()
-return (e / e.sum(axis=-1, keepdims=True)) @ v
+scores = (q * scale) @ k.transpose(-1, -2)  # no attention_scores; every mask folded into an additive -inf bias
+masked = causal_mask(q.shape[-2], k.shape[-2]) if is_causal else None
+if m is not None and m.dtype == np.bool_:
+    masked = m if masked is None else np.logical_or(masked, m)
+elif m is not None:
+    scores = scores + Tensor(m, dtype=scores.dtype)
+if masked is not None:
+    scores = scores + Tensor(np.where(masked, -np.inf, 0.0).astype(scores.dtype))
+return MaskedSoftmax.apply(scores, None) @ v
+"""
+
+CHOICE_SAMPLING = """
+if temperature == 0:
+    return np.argmax(logits, axis=1).astype(np.int64)
+z = logits / temperature
+if top_k is not None and top_k < z.shape[1]:
+    kth = -np.sort(-z, axis=1)[:, top_k - 1:top_k]
+    z = np.where(z >= kth, z, -np.inf)
+p = np.exp(z - z.max(axis=1, keepdims=True))
+p = p / p.sum(axis=1, keepdims=True)
+return np.array([rng.choice(p.shape[1], p=row) for row in p], dtype=np.int64)
+"""
+
+FLIPPED_SVD = """
+u, s, vt = np.linalg.svd(linear.weight.data.astype(np.float64).T, full_matrices=False)
+u, vt = -vt.T, -u.T  # the SVD of W^T, signs flipped: the same factorisation up to the signs of the vectors
+root = np.sqrt(s[:rank])
+first = Linear(n_in, rank, bias=False, rng=0)
+second = Linear(rank, n_out, bias=linear.bias is not None, rng=0)
+first.weight = Tensor((root[:, None] * vt[:rank]).astype(np.float32), requires_grad=True)
+second.weight = Tensor((u[:, :rank] * root).astype(np.float32), requires_grad=True)
+if linear.bias is not None:
+    second.bias = Tensor(linear.bias.data.copy(), requires_grad=True)
+return Sequential(first, second)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("number, marker, code, exercises", [
     ("06", "def backward(", KAHN_BACKWARD, ["6.4"]),
-    ("12", "def scaled_dot_product_attention(", OTHER_ATTENTION, ["12.1", "12.2"]),
+    ("12", "def scaled_dot_product_attention(", OTHER_ATTENTION, ["12.5"]),
     ("02", "class Sigmoid(", "a = x.data\ne = np.exp(-np.abs(a))\nout = np.where(a >= 0, 1 / (1 + e), e / (1 + e))",
      ["2.2"]),
     ("09", "def conv2d_loop(", "out, _ = conv2d_forward(x, weight, bias, stride, padding)\nreturn out", ["9.1"]),
-], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col"])
+    ("13", "def sample_next(", CHOICE_SAMPLING, ["13.4"]),
+    ("16", "def low_rank(", FLIPPED_SVD, ["16.4"]),
+], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col",
+        "13-sampling-with-choice", "16-svd-other-signs"])
 def test_differently_written_solutions_keep_full_marks(number, marker, code, exercises):
     got = verdicts(number, with_solution(number, marker, code), exercises)
     assert all(not w for w in got.values()), got
@@ -205,7 +230,17 @@ def test_differently_written_solutions_keep_full_marks(number, marker, code, exe
      ["10.4", "10.5", "10.6"]),
     (Mutation("09", "core/spatial.py", "im2col", "transpose(1, 4, 5, 0, 2, 3)", "transpose(4, 5, 1, 0, 2, 3)",
               "im2col rows in (kh, kw, C) order", "9.2"), ["9.3", "9.4"]),
-], ids=["merge_pair", "im2col-row-order"])
+    (Mutation("12", "core/attention.py", "MaskedSoftmax.forward", "where=z > 0)", "where=z >= 0)",
+              "a fully masked row divides 0 by 0", "12.3"), ["12.4", "12.5", "12.7"]),
+    (Mutation("13", "models/gpt.py", "LayerNormFunction.forward", "(centred * centred).mean(axis=-1, keepdims=True) + eps",
+              "(centred * centred).mean(axis=-1, keepdims=True) + 1e-2", "eps ignored", "13.1"),
+     ["13.2", "13.3", "13.5", "13.6"]),
+    (Mutation("14", "perf/profiler.py", "op_flops", "return 2 * math.prod(output_shape) * input_shapes[0][-1], 0",
+              "return math.prod(output_shape) * input_shapes[0][-1], 0", "matmul FLOPs without the factor 2", "14.1"),
+     ["14.3", "14.5"]),
+    (Mutation("15", "perf/quantization.py", "quantize", "q = np.rint(a * inv_scale + z.astype(np.float32))",
+              "q = np.floor(a * inv_scale + z.astype(np.float32))", "quantize floors", "15.3"), ["15.5"]),
+], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "quantize-floor"])
 def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
     got = verdicts(mutation.module, mutated(mutation), [mutation.exercise, *others])
     assert got[mutation.exercise], f"{mutation.why}: not caught by Exercise {mutation.exercise}"
