@@ -148,7 +148,7 @@ while ready:
             t.grad.data = t.grad.data + g
     if node is None:
         continue
-    rule = node.rule or BACKWARD_RULES.get(node.op)
+    rule = node.rule if node.rule is not None else BACKWARD_RULES.get(node.op)
     if rule is None:
         raise RuntimeError(f"backward: no backward rule for op {node.op!r}")
     results = rule(g, node) if g is not None else [None] * len(node.inputs)
@@ -169,13 +169,12 @@ while ready:
 OTHER_ATTENTION = """
 scale = 1.0 / math.sqrt(q.shape[-1])
 scores = (q * scale) @ k.transpose(-1, -2)  # no attention_scores; every mask folded into an additive -inf bias
-masked = causal_mask(q.shape[-2], k.shape[-2]) if is_causal else None
-if m is not None and m.dtype == np.bool_:
-    masked = m if masked is None else np.logical_or(masked, m)
-elif m is not None:
+causal = causal_mask(q.shape[-2], k.shape[-2]) if is_causal else np.zeros((1, 1), dtype=bool)
+boolean = m is not None and m.dtype == np.bool_
+forbid = np.logical_or(causal, m) if boolean else causal
+if m is not None and not boolean:
     scores = scores + Tensor(m, dtype=scores.dtype)
-if masked is not None:
-    scores = scores + Tensor(np.where(masked, -np.inf, 0.0).astype(scores.dtype))
+scores = scores + Tensor(np.where(forbid, -np.inf, 0.0).astype(scores.dtype))
 return MaskedSoftmax.apply(scores, None) @ v
 """
 
@@ -192,16 +191,16 @@ return np.array([rng.choice(p.shape[1], p=row) for row in p], dtype=np.int64)
 """
 
 FLIPPED_SVD = """
-u, s, vt = np.linalg.svd(linear.weight.data.astype(np.float64).T, full_matrices=False)
-u, vt = -vt.T, -u.T  # the SVD of W^T, signs flipped: the same factorisation up to the signs of the vectors
-root = np.sqrt(s[:rank])
-first = Linear(n_in, rank, bias=False, rng=0)
-second = Linear(rank, n_out, bias=linear.bias is not None, rng=0)
-first.weight = Tensor((root[:, None] * vt[:rank]).astype(np.float32), requires_grad=True)
-second.weight = Tensor((u[:, :rank] * root).astype(np.float32), requires_grad=True)
-if linear.bias is not None:
-    second.bias = Tensor(linear.bias.data.copy(), requires_grad=True)
-return Sequential(first, second)
+ut, sv, vtt = np.linalg.svd(linear.weight.data.astype(np.float64).T, full_matrices=False)
+left, right = -vtt.T[:, :rank], -ut[:, :rank].T  # W = left diag(s) right, from the SVD of W^T, signs flipped
+half = np.sqrt(sv[:rank])
+a = Linear(n_in, rank, bias=False, rng=1)
+a.weight = Tensor((right * half[:, None]).astype(np.float32), requires_grad=True)
+b = Linear(rank, n_out, bias=linear.bias is not None, rng=1)
+b.weight = Tensor((left * half[None, :]).astype(np.float32), requires_grad=True)
+if b.bias is not None:
+    b.bias = Tensor(np.array(linear.bias.data), requires_grad=True)
+return Sequential(*[a, b])
 """
 
 
@@ -235,11 +234,11 @@ def test_differently_written_solutions_keep_full_marks(number, marker, code, exe
     (Mutation("13", "models/gpt.py", "LayerNormFunction.forward", "(centred * centred).mean(axis=-1, keepdims=True) + eps",
               "(centred * centred).mean(axis=-1, keepdims=True) + 1e-2", "eps ignored", "13.1"),
      ["13.2", "13.3", "13.5", "13.6"]),
-    (Mutation("14", "perf/profiler.py", "op_flops", "return 2 * math.prod(output_shape) * input_shapes[0][-1], 0",
-              "return math.prod(output_shape) * input_shapes[0][-1], 0", "matmul FLOPs without the factor 2", "14.1"),
+    (Mutation("14", "perf/profiler.py", "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
+              "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1"),
      ["14.3", "14.5"]),
-    (Mutation("15", "perf/quantization.py", "quantize", "q = np.rint(a * inv_scale + z.astype(np.float32))",
-              "q = np.floor(a * inv_scale + z.astype(np.float32))", "quantize floors", "15.3"), ["15.5"]),
+    (Mutation("15", "perf/quantization.py", "quantize", "np.rint(a * inv_scale",
+              "np.floor(a * inv_scale", "quantize floors", "15.3"), ["15.5"]),
 ], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "quantize-floor"])
 def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
     got = verdicts(mutation.module, mutated(mutation), [mutation.exercise, *others])
@@ -251,10 +250,10 @@ def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
 
 GPT, ATT = "models/gpt.py", "core/attention.py"
 ISSUE_14 = [  # the bugs issue 14 found scoring full marks in the graded cells
-    Mutation("06", "core/autograd.py", "backward", "if ig.shape != inp.data.shape:", "if ig.ndim != inp.data.ndim:",
+    Mutation("06", "core/autograd.py", "backward", "ig.shape != inp.data.shape", "ig.ndim != inp.data.ndim",
              "unbroadcast only when the rank differs", "6.4"),
-    Mutation("06", "core/autograd.py", "backward", "t.grad = Tensor(np.array(g, dtype=t.data.dtype), dtype=t.data.dtype)",
-             "t.grad = Tensor(g, dtype=t.data.dtype)", "a leaf's .grad shares the rule's buffer", "6.4"),
+    Mutation("06", "core/autograd.py", "backward", "Tensor(np.array(g, dtype=t.data.dtype), dtype",
+             "Tensor(g, dtype", "a leaf's .grad shares the rule's buffer", "6.4"),
     Mutation("08", "core/training.py", "clip_grad_norm_", "max_norm / (total + 1e-6)", "max_norm / total",
              "division by zero on all-zero gradients", "8.2"),
     Mutation("09", "core/spatial.py", "MaxPool2dFunction.forward", "(value > best) | np.isnan(value)", "(value > best)",
@@ -279,62 +278,62 @@ ISSUE_14 = [  # the bugs issue 14 found scoring full marks in the graded cells
 ]
 PROF, QUANT, COMP = "perf/profiler.py", "perf/quantization.py", "perf/compression.py"
 LATER = [  # realistic one-line bugs of modules 12 and 14-16 (their probes came after issue 14)
-    Mutation("12", ATT, "causal_mask", 'offset = k_len - q_len if align == "bottom_right" else 0', "offset = 0",
+    Mutation("12", ATT, "causal_mask", 'k_len - q_len if align', "0 if align",
              "causal mask aligned top-left by default (wrong with a KV cache)", "12.2"),
-    Mutation("12", ATT, "MaskedSoftmax.forward", "e = np.exp(s - np.where(np.isfinite(m), m, 0.0))", "e = np.exp(s)",
+    Mutation("12", ATT, "MaskedSoftmax.forward", "np.exp(s - np.where(np.isfinite(m), m, 0.0))", "np.exp(s)",
              "softmax without max subtraction (NaN on large scores)", "12.3"),
     Mutation("12", ATT, "MaskedSoftmax.forward", "where=z > 0)", "where=z >= 0)",
              "a fully masked row divides 0 by 0 (NaN)", "12.3"),
     Mutation("12", ATT, "MaskedSoftmax.backward", "w * (grad - np.sum(grad * w, axis=-1, keepdims=True))",
              "w * grad", "softmax backward without the row-sum term", "12.4"),
-    Mutation("12", ATT, "scaled_dot_product_attention", "masked = m if masked is None else (masked | m)",
-             "masked = m if masked is None else masked", "a boolean mask ignored when is_causal", "12.5"),
-    Mutation("12", ATT, "MultiHeadAttention.merge_heads", "return x.transpose(1, 2).reshape(b, t, h * d)",
-             "return x.reshape(b, t, h * d)", "heads merged in the wrong order (no transpose back)", "12.6"),
-    Mutation("12", ATT, "MultiHeadAttention.forward", "k = self.split_heads(self.k_proj(key))",
-             "k = self.split_heads(self.k_proj(query))", "keys projected from the queries (cross-attention broken)",
+    Mutation("12", ATT, "scaled_dot_product_attention", "else (masked | m)",
+             "else masked", "a boolean mask ignored when is_causal", "12.5"),
+    Mutation("12", ATT, "MultiHeadAttention.merge_heads", "x.transpose(1, 2).reshape(b, t, h * d)",
+             "x.reshape(b, t, h * d)", "heads merged in the wrong order (no transpose back)", "12.6"),
+    Mutation("12", ATT, "MultiHeadAttention.forward", "self.k_proj(key)",
+             "self.k_proj(query)", "keys projected from the queries (cross-attention broken)",
              "12.7"),
-    Mutation("14", PROF, "op_flops", "return 2 * math.prod(output_shape) * input_shapes[0][-1], 0",
-             "return math.prod(output_shape) * input_shapes[0][-1], 0", "matmul FLOPs without the factor 2", "14.1"),
-    Mutation("14", PROF, "op_bytes", "if any(np.may_share_memory(out, a) for a in arrays):", "if False:",
+    Mutation("14", PROF, "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
+             "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1"),
+    Mutation("14", PROF, "op_bytes", "any(np.may_share_memory(out, a) for a in arrays)", "False",
              "views counted as reads and writes", "14.2"),
     Mutation("14", PROF, "FlopCounter.__call__", "entry[1] += other", "entry[1] = other",
              "other FLOPs overwritten instead of added", "14.3"),
-    Mutation("14", PROF, "ModulePaths.attach", "self.handles.append(module.register_forward_hook(self.pop))",
-             "pass", "no forward hook pops the path", "14.4"),
-    Mutation("14", PROF, "Profiler._on_op", 'module = self._stack[-1] if self._stack else ""',
-             'module = self._stack[0] if self._stack else ""', "op charged to the outermost module", "14.5"),
-    Mutation("14", PROF, "summarize", 'row["bytes"] += e.bytes_read + e.bytes_written', 'row["bytes"] += e.bytes_read',
+    Mutation("14", PROF, "ModulePaths.attach", "module.register_forward_hook(self.pop)",
+             "module.register_forward_pre_hook(lambda *args: None)", "no forward hook pops the path", "14.4"),
+    Mutation("14", PROF, "Profiler._on_op", 'self._stack[-1] if self._stack',
+             'self._stack[0] if self._stack', "op charged to the outermost module", "14.5"),
+    Mutation("14", PROF, "summarize", "e.bytes_read + e.bytes_written", "e.bytes_read",
              "bytes without the writes", "14.6"),
-    Mutation("14", PROF, "amdahl", "remaining = (1.0 - fraction) + fraction / speedup",
-             "remaining = fraction + (1.0 - fraction) / speedup", "Amdahl with the fractions swapped", "14.7"),
-    Mutation("15", QUANT, "to_bfloat16", "rounded = (u + np.uint32(0x7FFF) + last_kept_bit) & np.uint32(0xFFFF0000)",
-             "rounded = u & np.uint32(0xFFFF0000)", "bf16 rounding by truncation", "15.1"),
-    Mutation("15", QUANT, "GradScaler.update", "if good_steps == self.growth_interval:",
-             "if good_steps > self.growth_interval:", "the scale grows one good step late", "15.2"),
-    Mutation("15", QUANT, "quantize", "q = np.rint(a * inv_scale + z.astype(np.float32))",
-             "q = np.trunc(a * inv_scale + z.astype(np.float32) + np.copysign(0.5, a * inv_scale + z))",
+    Mutation("14", PROF, "amdahl", "(1.0 - fraction) + fraction / speedup",
+             "fraction + (1.0 - fraction) / speedup", "Amdahl with the fractions swapped", "14.7"),
+    Mutation("15", QUANT, "to_bfloat16", "(u + np.uint32(0x7FFF) + last_kept_bit)",
+             "u", "bf16 rounding by truncation", "15.1"),
+    Mutation("15", QUANT, "GradScaler.update", "good_steps == self.growth_interval",
+             "good_steps > self.growth_interval", "the scale grows one good step late", "15.2"),
+    Mutation("15", QUANT, "quantize", "np.rint(a * inv_scale + z.astype(np.float32))",
+             "np.trunc(a * inv_scale + z + np.copysign(0.5, a * inv_scale + z))",
              "rounding half away from zero", "15.3"),
-    Mutation("15", QUANT, "compute_qparams", "zero_point = np.clip(qmin - np.rint(lo / scale).astype(np.int64), qmin, qmax)",
-             "zero_point = np.clip(qmin + np.rint(lo / scale).astype(np.int64), qmin, qmax)",
+    Mutation("15", QUANT, "compute_qparams", "qmin - np.rint(lo / scale)",
+             "qmin + np.rint(lo / scale)",
              "zero point with the wrong sign", "15.4"),
-    Mutation("15", QUANT, "QuantizedLinear.forward", "acc = int_matmul(qx.astype(np.int32) - np.int32(self.input_zero_point), self.weight_q.T)",
-             "acc = int_matmul(qx.astype(np.int32), self.weight_q.T)", "the input zero point not subtracted", "15.5"),
-    Mutation("15", QUANT, "ternarize", "t = np.clip(np.rint(a / scale), -1, 1).astype(np.int8)",
-             "t = np.sign(a).astype(np.int8)", "binarized instead of ternarized (no zeros)", "15.6"),
-    Mutation("16", COMP, "magnitude_mask", "mask[np.argpartition(np.abs(w).ravel(), k - 1)[:k]] = False",
-             "mask[np.argpartition(-np.abs(w).ravel(), k - 1)[:k]] = False", "pruning the largest weights", "16.1"),
-    Mutation("16", COMP, "global_magnitude_masks", "scores = np.concatenate([np.abs(w).ravel() for w in ws])",
-             "scores = np.concatenate([np.abs(w).ravel() / np.abs(w).max() for w in ws])",
+    Mutation("15", QUANT, "QuantizedLinear.forward", "qx.astype(np.int32) - np.int32(self.input_zero_point)",
+             "qx.astype(np.int32)", "the input zero point not subtracted", "15.5"),
+    Mutation("15", QUANT, "ternarize", "np.clip(np.rint(a / scale), -1, 1)",
+             "np.sign(a)", "binarized instead of ternarized (no zeros)", "15.6"),
+    Mutation("16", COMP, "magnitude_mask", "np.argpartition(np.abs(w).ravel(), k - 1)",
+             "np.argpartition(-np.abs(w).ravel(), k - 1)", "pruning the largest weights", "16.1"),
+    Mutation("16", COMP, "global_magnitude_masks", "np.abs(w).ravel() for w in ws",
+             "(np.abs(w) / np.abs(w).max()).ravel() for w in ws",
              "scores normalised per array (not one global threshold)", "16.2"),
-    Mutation("16", COMP, "prune_neurons", "new_next = rebuild_layer(next_layer, next_layer.weight.data[:, keep], next_bias)",
-             "new_next = rebuild_layer(next_layer, next_layer.weight.data[:, :n_keep], next_bias)",
+    Mutation("16", COMP, "prune_neurons", "next_layer.weight.data[:, keep]",
+             "next_layer.weight.data[:, :n_keep]",
              "the next layer keeps the first columns, not the kept units'", "16.3"),
-    Mutation("16", COMP, "low_rank", "first.weight = Tensor((root[:, None] * vt[:rank]).astype(dtype), requires_grad=True)",
-             "first.weight = Tensor((root[:, None] ** 2 * vt[:rank]).astype(dtype), requires_grad=True)",
+    Mutation("16", COMP, "low_rank", "(root[:, None] * vt[:rank])",
+             "(root[:, None] ** 2 * vt[:rank])",
              "all of s in the first factor (and s^1.5 in the product)", "16.4"),
-    Mutation("16", COMP, "distillation_loss", "return hard * float(alpha) + kl * ((1.0 - alpha) * T * T)",
-             "return hard * float(alpha) + kl * (1.0 - alpha)", "distillation without T^2", "16.5"),
+    Mutation("16", COMP, "distillation_loss", "kl * ((1.0 - alpha) * T * T)",
+             "kl * (1.0 - alpha)", "distillation without T^2", "16.5"),
 ]
 CATALOGUE = MUTATIONS + ISSUE_14 + LATER
 
