@@ -280,6 +280,8 @@ LATER = [  # realistic one-line bugs of modules 12 and 14-16 (their probes came 
              "softmax without max subtraction (NaN on large scores)", "12.3"),
     Mutation("12", ATT, "MaskedSoftmax.forward", "where=z > 0)", "where=z >= 0)",
              "a fully masked row divides 0 by 0 (NaN)", "12.3"),
+    Mutation("12", ATT, "MaskedSoftmax.forward", "np.divide(e, z, out=np.zeros_like(e), where=z > 0)",
+             "np.nan_to_num(e / z)", "0 / 0 on fully masked rows, hidden by nan_to_num (warns)", "12.3"),
     Mutation("12", ATT, "MaskedSoftmax.backward", "w * (grad - np.sum(grad * w, axis=-1, keepdims=True))",
              "w * grad", "softmax backward without the row-sum term", "12.4"),
     Mutation("12", ATT, "scaled_dot_product_attention", "else (masked | m)",

@@ -71,6 +71,14 @@ def softmax_forward(rng, rec):
     rec.call("neg_inf", run, np.array([[0.0, -np.inf], [-np.inf, -np.inf]], np.float32))
     rec.call("f64", run, rng.standard_normal((3, 4)) * 50, rng.random((3, 4)) < 0.3)
 
+    def strict(s, m=None):  # the contract: no overflow, 0 / 0 or inf - inf anywhere (a FloatingPointError here)
+        with np.errstate(over="raise", divide="raise", invalid="raise"):
+            return MaskedSoftmax.apply(Tensor(s), m)
+    rec.call("strict_huge", strict, np.array([[1e4, -1e4, 0.0], [0.0, 1e4, 3.0]], np.float32),
+             np.array([[True, False, False], [False, False, True]]))
+    rec.call("strict_inf", strict, np.array([[0.0, -np.inf], [-np.inf, -np.inf]], np.float32))
+    rec.call("strict_all_masked", strict, f32(rng, 2, 3), np.ones((2, 3), dtype=bool))
+
 
 @probe("12.4", uses=("MaskedSoftmax.forward",))
 def softmax_backward(rng, rec):
