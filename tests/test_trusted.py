@@ -6,7 +6,7 @@
   another way, sigmoid and softmax by other formulas);
 - one bug is charged once: a `merge_pair` or im2col bug fails its own exercise only;
 - the mutation proof: the trusted verdicts catch at least 90% of the catalogue of realistic one-line bugs
-  (tests/support/mutation.py's for 06-09 plus the bugs issue 14 found ungraded in 06-13).
+  (tests/support/mutation.py's for 06-09, the bugs issue 14 found ungraded in 06-13, and LATER's for 12-16).
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ while ready:
             t.grad.data = t.grad.data + g
     if node is None:
         continue
-    rule = node.rule or BACKWARD_RULES.get(node.op)
+    rule = node.rule if node.rule is not None else BACKWARD_RULES.get(node.op)
     if rule is None:
         raise RuntimeError(f"backward: no backward rule for op {node.op!r}")
     results = rule(g, node) if g is not None else [None] * len(node.inputs)
@@ -168,29 +168,53 @@ while ready:
 
 OTHER_ATTENTION = """
 scale = 1.0 / math.sqrt(q.shape[-1])
-scores = (q * scale) @ k.transpose(-1, -2)
-allowed = ~(~causal_mask(q.shape[-2], k.shape[-2])) if is_causal else None
-if mask is not None:
-    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
-    if m.dtype == np.bool_:
-        allowed = m if allowed is None else (allowed & m)
-    else:
-        scores = scores + Tensor(m, dtype=scores.dtype)
-if allowed is not None:
-    scores = scores.masked_fill(~allowed, -np.inf)
-e = (scores - Tensor(scores.data.max(axis=-1, keepdims=True))).exp()
-return (e / e.sum(axis=-1, keepdims=True)) @ v
+scores = (q * scale) @ k.transpose(-1, -2)  # no attention_scores; every mask folded into an additive -inf bias
+causal = causal_mask(q.shape[-2], k.shape[-2]) if is_causal else np.zeros((1, 1), dtype=bool)
+boolean = m is not None and m.dtype == np.bool_
+forbid = np.logical_or(causal, m) if boolean else causal
+if m is not None and not boolean:
+    scores = scores + Tensor(m, dtype=scores.dtype)
+scores = scores + Tensor(np.where(forbid, -np.inf, 0.0).astype(scores.dtype))
+return MaskedSoftmax.apply(scores, None) @ v
+"""
+
+CHOICE_SAMPLING = """
+if temperature == 0:
+    return np.argmax(logits, axis=1).astype(np.int64)
+z = logits / temperature
+if top_k is not None and top_k < z.shape[1]:
+    kth = -np.sort(-z, axis=1)[:, top_k - 1:top_k]
+    z = np.where(z >= kth, z, -np.inf)
+p = np.exp(z - z.max(axis=1, keepdims=True))
+p = p / p.sum(axis=1, keepdims=True)
+return np.array([rng.choice(p.shape[1], p=row) for row in p], dtype=np.int64)
+"""
+
+FLIPPED_SVD = """
+ut, sv, vtt = np.linalg.svd(linear.weight.data.astype(np.float64).T, full_matrices=False)
+left, right = -vtt.T[:, :rank], -ut[:, :rank].T  # W = left diag(s) right, from the SVD of W^T, signs flipped
+half = np.sqrt(sv[:rank])
+a = Linear(n_in, rank, bias=False, rng=1)
+a.weight = Tensor((right * half[:, None]).astype(np.float32), requires_grad=True)
+b = Linear(rank, n_out, bias=linear.bias is not None, rng=1)
+b.weight = Tensor((left * half[None, :]).astype(np.float32), requires_grad=True)
+if b.bias is not None:
+    b.bias = Tensor(np.array(linear.bias.data), requires_grad=True)
+return Sequential(*[a, b])
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("number, marker, code, exercises", [
     ("06", "def backward(", KAHN_BACKWARD, ["6.4"]),
-    ("12", "def scaled_dot_product_attention(", OTHER_ATTENTION, ["12.1", "12.2"]),
+    ("12", "def scaled_dot_product_attention(", OTHER_ATTENTION, ["12.5"]),
     ("02", "class Sigmoid(", "a = x.data\ne = np.exp(-np.abs(a))\nout = np.where(a >= 0, 1 / (1 + e), e / (1 + e))",
      ["2.2"]),
     ("09", "def conv2d_loop(", "out, _ = conv2d_forward(x, weight, bias, stride, padding)\nreturn out", ["9.1"]),
-], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col"])
+    ("13", "def sample_next(", CHOICE_SAMPLING, ["13.4"]),
+    ("16", "def low_rank(", FLIPPED_SVD, ["16.4"]),
+], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col",
+        "13-sampling-with-choice", "16-svd-other-signs"])
 def test_differently_written_solutions_keep_full_marks(number, marker, code, exercises):
     got = verdicts(number, with_solution(number, marker, code), exercises)
     assert all(not w for w in got.values()), got
@@ -205,7 +229,17 @@ def test_differently_written_solutions_keep_full_marks(number, marker, code, exe
      ["10.4", "10.5", "10.6"]),
     (Mutation("09", "core/spatial.py", "im2col", "transpose(1, 4, 5, 0, 2, 3)", "transpose(4, 5, 1, 0, 2, 3)",
               "im2col rows in (kh, kw, C) order", "9.2"), ["9.3", "9.4"]),
-], ids=["merge_pair", "im2col-row-order"])
+    (Mutation("12", "core/attention.py", "MaskedSoftmax.forward", "where=z > 0)", "where=z >= 0)",
+              "a fully masked row divides 0 by 0", "12.3"), ["12.4", "12.5", "12.7"]),
+    (Mutation("13", "models/gpt.py", "LayerNormFunction.forward", "(centred * centred).mean(axis=-1, keepdims=True) + eps",
+              "(centred * centred).mean(axis=-1, keepdims=True) + 1e-2", "eps ignored", "13.1"),
+     ["13.2", "13.3", "13.5", "13.6"]),
+    (Mutation("14", "perf/profiler.py", "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
+              "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1"),
+     ["14.3", "14.5"]),
+    (Mutation("15", "perf/quantization.py", "quantize", "np.rint(a * inv_scale",
+              "np.floor(a * inv_scale", "quantize floors", "15.3"), ["15.5"]),
+], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "quantize-floor"])
 def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
     got = verdicts(mutation.module, mutated(mutation), [mutation.exercise, *others])
     assert got[mutation.exercise], f"{mutation.why}: not caught by Exercise {mutation.exercise}"
@@ -215,30 +249,91 @@ def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
 # ------------------------------------------------------------------ the mutation proof
 
 GPT, ATT = "models/gpt.py", "core/attention.py"
-ISSUE_14 = [  # the bugs issue 14 found scoring full marks in the graded cells
-    Mutation("06", "core/autograd.py", "backward", "if ig.shape != inp.data.shape:", "if ig.ndim != inp.data.ndim:",
+ISSUE_14 = [  # the bugs issue 14 found scoring full marks in the graded cells (13's temperature bug: MUTATIONS)
+    Mutation("06", "core/autograd.py", "backward", "ig.shape != inp.data.shape", "ig.ndim != inp.data.ndim",
              "unbroadcast only when the rank differs", "6.4"),
-    Mutation("06", "core/autograd.py", "backward", "t.grad = Tensor(np.array(g, dtype=t.data.dtype), dtype=t.data.dtype)",
-             "t.grad = Tensor(g, dtype=t.data.dtype)", "a leaf's .grad shares the rule's buffer", "6.4"),
+    Mutation("06", "core/autograd.py", "backward", "Tensor(np.array(g, dtype=t.data.dtype), dtype",
+             "Tensor(g, dtype", "a leaf's .grad shares the rule's buffer", "6.4"),
     Mutation("08", "core/training.py", "clip_grad_norm_", "max_norm / (total + 1e-6)", "max_norm / total",
              "division by zero on all-zero gradients", "8.2"),
     Mutation("09", "core/spatial.py", "MaxPool2dFunction.forward", "(value > best) | np.isnan(value)", "(value > best)",
              "a NaN's gradient routed elsewhere", "9.5"),
-    Mutation("13", GPT, "GPT.generate", "logits = logits / temperature", "logits = logits", "temperature ignored",
-             "13.4"),
-    Mutation("13", GPT, "GPT.generate", "np.where(logits < kth,", "np.where(logits <= kth,", "top-k keeps k-1", "13.4"),
-    Mutation("13", GPT, "GPT.generate", "u = rng.random(", "u = np.random.default_rng(seed).random(",
-             "a fresh generator from the seed at every step", "13.4"),
+    Mutation("13", GPT, "sample_next", "np.where(logits < kth,", "np.where(logits <= kth,", "top-k keeps k-1", "13.4"),
+    Mutation("13", GPT, "GPT.generate", "sample_next(logits, temperature, top_k, rng)",
+             "sample_next(logits, temperature, top_k, seed)", "a fresh generator from the seed at every step", "13.6"),
     Mutation("13", GPT, "LayerNormFunction.forward", "np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)",
              "(np.sqrt((centred * centred).mean(axis=-1, keepdims=True)) + eps)", "eps outside the square root",
              "13.1"),
-    Mutation("13", GPT, "TransformerBlock.forward", "self.drop(self.attn(self.ln1(x), is_causal=True))",
-             "self.attn(self.ln1(x), is_causal=True)", "no dropout on the attention branch", "13.2"),
-    Mutation("12", ATT, "scaled_dot_product_attention", "(1.0 / math.sqrt(q.shape[-1]))",
+    Mutation("13", GPT, "TransformerBlock.forward", "self.drop(self.attn(", "(self.attn(",
+             "no dropout on the attention branch", "13.3"),
+    Mutation("13", GPT, "GPT.forward", "start_pos=start_pos, positions=positions", "positions=positions",
+             "positions always start at 0 (start_pos ignored with a cache)", "13.5"),
+    Mutation("12", ATT, "attention_scores", "(1.0 / math.sqrt(q.shape[-1]))",
              "(1.0 / q.shape[-1])", "scaled by 1/d instead of 1/sqrt(d)", "12.1"),
     Mutation("10", "text/tokenizers.py", "merge_pair", "i += 2", "i += 1", "merged pairs overlap", "10.3"),
 ]
-CATALOGUE = MUTATIONS + ISSUE_14
+PROF, QUANT, COMP = "perf/profiler.py", "perf/quantization.py", "perf/compression.py"
+LATER = [  # realistic one-line bugs of modules 12 and 14-16 (their probes came after issue 14)
+    Mutation("12", ATT, "causal_mask", 'k_len - q_len if align', "0 if align",
+             "causal mask aligned top-left by default (wrong with a KV cache)", "12.2"),
+    Mutation("12", ATT, "MaskedSoftmax.forward", "np.exp(s - np.where(np.isfinite(m), m, 0.0))", "np.exp(s)",
+             "softmax without max subtraction (NaN on large scores)", "12.3"),
+    Mutation("12", ATT, "MaskedSoftmax.forward", "where=z > 0)", "where=z >= 0)",
+             "a fully masked row divides 0 by 0 (NaN)", "12.3"),
+    Mutation("12", ATT, "MaskedSoftmax.forward", "np.divide(e, z, out=np.zeros_like(e), where=z > 0)",
+             "np.nan_to_num(e / z)", "0 / 0 on fully masked rows, hidden by nan_to_num (warns)", "12.3"),
+    Mutation("12", ATT, "MaskedSoftmax.backward", "w * (grad - np.sum(grad * w, axis=-1, keepdims=True))",
+             "w * grad", "softmax backward without the row-sum term", "12.4"),
+    Mutation("12", ATT, "scaled_dot_product_attention", "else (masked | m)",
+             "else masked", "a boolean mask ignored when is_causal", "12.5"),
+    Mutation("12", ATT, "MultiHeadAttention.merge_heads", "x.transpose(1, 2).reshape(b, t, h * d)",
+             "x.reshape(b, t, h * d)", "heads merged in the wrong order (no transpose back)", "12.6"),
+    Mutation("12", ATT, "MultiHeadAttention.forward", "self.k_proj(key)",
+             "self.k_proj(query)", "keys projected from the queries (cross-attention broken)",
+             "12.7"),
+    Mutation("14", PROF, "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
+             "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1"),
+    Mutation("14", PROF, "op_bytes", "any(np.may_share_memory(out, a) for a in arrays)", "False",
+             "views counted as reads and writes", "14.2"),
+    Mutation("14", PROF, "FlopCounter.__call__", "entry[1] += other", "entry[1] = other",
+             "other FLOPs overwritten instead of added", "14.3"),
+    Mutation("14", PROF, "ModulePaths.attach", "module.register_forward_hook(self.pop)",
+             "module.register_forward_pre_hook(lambda *args: None)", "no forward hook pops the path", "14.4"),
+    Mutation("14", PROF, "Profiler._on_op", 'self._stack[-1] if self._stack',
+             'self._stack[0] if self._stack', "op charged to the outermost module", "14.5"),
+    Mutation("14", PROF, "summarize", "e.bytes_read + e.bytes_written", "e.bytes_read",
+             "bytes without the writes", "14.6"),
+    Mutation("14", PROF, "amdahl", "(1.0 - fraction) + fraction / speedup",
+             "fraction + (1.0 - fraction) / speedup", "Amdahl with the fractions swapped", "14.7"),
+    Mutation("15", QUANT, "to_bfloat16", "(u + np.uint32(0x7FFF) + last_kept_bit)",
+             "u", "bf16 rounding by truncation", "15.1"),
+    Mutation("15", QUANT, "GradScaler.update", "good_steps == self.growth_interval",
+             "good_steps > self.growth_interval", "the scale grows one good step late", "15.2"),
+    Mutation("15", QUANT, "quantize", "np.rint(a * inv_scale + z.astype(np.float32))",
+             "np.trunc(a * inv_scale + z + np.copysign(0.5, a * inv_scale + z))",
+             "rounding half away from zero", "15.3"),
+    Mutation("15", QUANT, "compute_qparams", "qmin - np.rint(lo / scale)",
+             "qmin + np.rint(lo / scale)",
+             "zero point with the wrong sign", "15.4"),
+    Mutation("15", QUANT, "QuantizedLinear.forward", "qx.astype(np.int32) - np.int32(self.input_zero_point)",
+             "qx.astype(np.int32)", "the input zero point not subtracted", "15.5"),
+    Mutation("15", QUANT, "ternarize", "np.clip(np.rint(a / scale), -1, 1)",
+             "np.sign(a)", "binarized instead of ternarized (no zeros)", "15.6"),
+    Mutation("16", COMP, "magnitude_mask", "np.argpartition(np.abs(w).ravel(), k - 1)",
+             "np.argpartition(-np.abs(w).ravel(), k - 1)", "pruning the largest weights", "16.1"),
+    Mutation("16", COMP, "global_magnitude_masks", "np.abs(w).ravel() for w in ws",
+             "(np.abs(w) / np.abs(w).max()).ravel() for w in ws",
+             "scores normalised per array (not one global threshold)", "16.2"),
+    Mutation("16", COMP, "prune_neurons", "next_layer.weight.data[:, keep]",
+             "next_layer.weight.data[:, :n_keep]",
+             "the next layer keeps the first columns, not the kept units'", "16.3"),
+    Mutation("16", COMP, "low_rank", "(root[:, None] * vt[:rank])",
+             "(root[:, None] ** 2 * vt[:rank])",
+             "all of s in the first factor (and s^1.5 in the product)", "16.4"),
+    Mutation("16", COMP, "distillation_loss", "kl * ((1.0 - alpha) * T * T)",
+             "kl * (1.0 - alpha)", "distillation without T^2", "16.5"),
+]
+CATALOGUE = MUTATIONS + ISSUE_14 + LATER
 
 
 def mutated(m: Mutation) -> str:

@@ -303,7 +303,7 @@ def compare(got, want, p: Probe, where: str) -> str:
             try:
                 af, bf = a.astype(np.complex128 if "c" in (a.dtype.kind + b.dtype.kind) else np.float64), \
                     b.astype(np.complex128 if "c" in (a.dtype.kind + b.dtype.kind) else np.float64)
-            except (TypeError, ValueError):
+            except (ValueError, TypeError):  # (the order differs from a solution line: the leak check)
                 return f"{where}: dtype {a.dtype}, expected {b.dtype}"
             close = np.isclose(af, bf, rtol=p.rtol, atol=p.atol, equal_nan=True)
             if not close.all():

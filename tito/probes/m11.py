@@ -1,5 +1,5 @@
 """Probes of module 11 (embeddings): see tito/probes/__init__.py. 11.2 (the scatter-add backward) runs the
-reference `EmbeddingLookup.forward`."""
+reference `EmbeddingLookup.forward`; 11.5 (the sparse gradient) needs nothing else."""
 import numpy as np
 
 from . import probe
@@ -26,6 +26,12 @@ def lookup_forward(rng, rec):
     rec.call("bad", emb, [1, 10])
     rec.call("neg", emb, [-1])
     rec.call("float", emb, np.array([1.0, 2.0]))
+    from tinytorch.text.embeddings import EmbeddingLookup
+
+    w = Tensor(rng.standard_normal((5, 3)).astype(np.float32))
+    rec.call("apply", EmbeddingLookup.apply, w, rng.integers(0, 5, size=(2, 4)))
+    rec.call("apply_one", EmbeddingLookup.apply, w, np.array(4))
+    rec.call("apply_f64", EmbeddingLookup.apply, Tensor(rng.standard_normal((4, 2)), dtype=np.float64), np.array([3, 0, 3]))
 
 
 @probe("11.2", uses=("EmbeddingLookup.forward",))
@@ -61,3 +67,22 @@ def learned(rng, rec):
     rec.call("grads", lambda: _grads(rng, pos(x), x, pos.weight))
     rec.call("full", pos, Tensor(rng.standard_normal((1, 6, 4)).astype(np.float32)))
     rec.call("too_long", pos, Tensor(np.zeros((1, 7, 4), dtype=np.float32)))
+    tail = Tensor(rng.standard_normal((2, 2, 4)).astype(np.float32), requires_grad=True)
+    pos.weight.grad = None
+    rec.call("start_pos", pos, tail, start_pos=3)
+    rec.call("start_grads", lambda: _grads(rng, pos(tail, start_pos=3), tail, pos.weight))
+    rec.call("unbatched", pos, Tensor(rng.standard_normal((3, 4)).astype(np.float32)), start_pos=2)
+    rec.call("past_end", pos, Tensor(np.zeros((1, 3, 4), dtype=np.float32)), start_pos=4)
+
+
+@probe("11.5")
+def sparse_grad(rng, rec):
+    from tinytorch.text.embeddings import sparse_embedding_grad
+
+    rec.call("example", sparse_embedding_grad, np.array([1, 3, 1]), np.array([[1.0], [2.0], [4.0]]))
+    ids = rng.integers(0, 9, size=(3, 4))
+    rec.call("random", sparse_embedding_grad, ids, rng.standard_normal((3, 4, 2)).astype(np.float32))
+    rec.call("one_id", sparse_embedding_grad, np.full((2, 2), 7), np.ones((2, 2, 3)))
+    rec.call("unsorted", sparse_embedding_grad, np.array([5, 0, 2]), np.eye(3))
+    rec.call("scalar_id", sparse_embedding_grad, np.array(2), rng.standard_normal(4))
+    rec.call("bad", sparse_embedding_grad, np.array([1, 2]), np.ones((3, 2)))
