@@ -48,6 +48,40 @@ def test_module_folder_is_complete(module):
         f"{module.notebook.name} needs a `#| default_exp` cell"
 
 
+# Imports of a later module's code that modules/README.md documents as forward references: given code that
+# reaches the later module lazily, only when a student calls it (Tensor.backward, GPT.generate(use_cache=True)).
+FORWARD_REFERENCES = {("01", "06"), ("13", "18")}
+
+
+def exporting_module(package_module: str) -> str | None:
+    """Number of the module whose notebook writes `tinytorch.x.y` (None for packages and modules/common)."""
+    path = ROOT / Path(*package_module.split(".")).with_suffix(".py")
+    if not path.is_file():
+        return None
+    m = re.search(r"^# %% [./]*modules/(\d\d)_", path.read_text(encoding="utf-8"), re.M)
+    return m.group(1) if m else None
+
+
+@pytest.mark.parametrize("module", MODULES, ids=ids)
+def test_prerequisites_cover_what_the_module_imports(module):
+    """`tito test NN` in a student edition needs every module whose code the notebook or its package tests
+    import to be complete: module.toml's prerequisites must name them all."""
+    sources = ["".join(c.source) for c in nbs.read(module.notebook).cells if c.cell_type == "code"]
+    tests = ROOT / "tests" / "modules" / f"test_{module.slug}.py"
+    if tests.is_file():
+        sources.append(tests.read_text(encoding="utf-8"))
+    needed = {}
+    for src in sources:
+        for pkg in re.findall(r"^\s*(?:from|import) (tinytorch(?:\.\w+)+)", src, re.M):
+            owner = exporting_module(pkg)
+            if owner and owner != module.number and (module.number, owner) not in FORWARD_REFERENCES:
+                needed.setdefault(owner, pkg)
+    missing = {n: pkg for n, pkg in needed.items() if n not in module.prerequisites}
+    assert not missing, (f"{module.slug}/module.toml: prerequisites {module.prerequisites} leave out "
+                         + ", ".join(f"{n} (it imports {pkg})" for n, pkg in sorted(missing.items()))
+                         + ": add them, or a student's `tito test` meets their stubs")
+
+
 @pytest.mark.parametrize("module", MODULES, ids=ids)
 def test_source_metadata_is_valid(module):
     nb = nbs.read(module.notebook)

@@ -396,6 +396,28 @@ def test_kernels_are_cached_on_disk_by_source_hash(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.glob("k_*.so")) == files, "the same source must reuse the cached library"
 
 
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_loading_a_kernel_keeps_subnormal_numbers(tmp_path):
+    # A library linked with -ffast-math (gcc 12 adds crtfastmath.o) switches the whole process to
+    # flush-to-zero when it loads: every later NumPy result would lose its subnormals. In a fresh process.
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from tinytorch.perf import acceleration as acc\n"
+        "acc.build_c_kernel('float half(float x) { return x * 0.5f; }\\n', 'half')\n"
+        "tiny = np.finfo(np.float32).smallest_subnormal\n"
+        "print(float(np.float32(tiny) * np.float32(1.0)), float(np.finfo(np.float64).smallest_subnormal * 1.0))\n"
+    )
+    env = dict(os.environ, TINYTORCH_KERNEL_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    f32, f64 = map(float, out.stdout.split())
+    assert f32 > 0 and f64 > 0, (f"after loading a compiled kernel, subnormal float32/float64 became {f32}/{f64}: "
+                                 f"the library switched the process to flush-to-zero (link it without -ffast-math)")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dtypes_follow_tinytorch_for_integer_inputs(backend):
     def fn(p, q):

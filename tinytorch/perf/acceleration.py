@@ -20,13 +20,13 @@ import numpy as np
 from ..core.tensor import Tensor, is_grad_enabled, observe_ops, set_grad_enabled
 
 # %% auto #0
-__all__ = ['EAGER_OPS', 'ELEMENTWISE', 'FOLD_LIMIT', 'C_FLAGS', 'PASSES', 'cache_sizes', 'naive_matmul', 'block_size_for',
-           'blocked_matmul', 'matmul_gflops', 'GNode', 'Graph', 'DataDependentControlFlow', 'trace', 'run_graph',
-           'run_node', 'dead_code_elimination', 'constant_fold', 'common_subexpression_elimination', 'fusion_groups',
-           'fuse_elementwise', 'c_literal', 'c_expression', 'KernelCompileError', 'c_compiler', 'kernel_cache_dir',
-           'build_c_kernel', 'kernel_source', 'chunk_elements', 'FusedKernel', 'optimize', 'attach_kernels',
-           'CompiledFunction', 'compile', 'ComputeBackend', 'NumpyBackend', 'BlockedBackend', 'SizeDispatch',
-           'measure_threshold', 'current_backend', 'use_backend']
+__all__ = ['EAGER_OPS', 'ELEMENTWISE', 'FOLD_LIMIT', 'C_FLAGS', 'LINK_FLAGS', 'PASSES', 'cache_sizes', 'naive_matmul',
+           'block_size_for', 'blocked_matmul', 'matmul_gflops', 'GNode', 'Graph', 'DataDependentControlFlow', 'trace',
+           'run_graph', 'run_node', 'dead_code_elimination', 'constant_fold', 'common_subexpression_elimination',
+           'fusion_groups', 'fuse_elementwise', 'c_literal', 'c_expression', 'KernelCompileError', 'c_compiler',
+           'kernel_cache_dir', 'build_c_kernel', 'kernel_source', 'chunk_elements', 'FusedKernel', 'optimize',
+           'attach_kernels', 'CompiledFunction', 'compile', 'ComputeBackend', 'NumpyBackend', 'BlockedBackend',
+           'SizeDispatch', 'measure_threshold', 'current_backend', 'use_backend']
 
 # %% ../../modules/17_acceleration/17_acceleration.ipynb #a006
 def cache_sizes() -> dict:
@@ -586,7 +586,10 @@ def _cpu_flags() -> list:
 
 # -ffast-math lets the compiler call glibc's vector exp/tanh (libmvec) and reassociate sums; it also lets it assume
 # that no value is NaN or infinite: fused kernels are for finite data (results agree with NumPy within float32 tolerance).
-C_FLAGS = ["-O3", *_cpu_flags(), "-ffast-math", "-shared", "-fPIC"]
+# It is a compile flag only: linked with -ffast-math, gcc 12 adds crtfastmath.o, whose constructor sets flush-to-zero
+# for the whole process as the library loads, and every later NumPy and PyTorch result turns subnormals into 0.
+C_FLAGS = ["-O3", *_cpu_flags(), "-ffast-math", "-fPIC"]
+LINK_FLAGS = ["-shared"]
 
 
 def kernel_cache_dir() -> Path:
@@ -623,7 +626,7 @@ def build_c_kernel(source: str, name: str):
     cc = c_compiler()
     if cc is None:
         raise RuntimeError("compile: no C compiler (cc, gcc or clang) on PATH")
-    digest = hashlib.sha256("\n".join([source, cc, *C_FLAGS]).encode()).hexdigest()[:20]
+    digest = hashlib.sha256("\n".join([source, cc, *C_FLAGS, *LINK_FLAGS]).encode()).hexdigest()[:20]
     lib = _LOADED.get(digest)
     if lib is None:
         cache = kernel_cache_dir()
@@ -632,8 +635,10 @@ def build_c_kernel(source: str, name: str):
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 src = Path(tmp) / "kernel.c"
                 src.write_text(source)
-                built = Path(tmp) / "kernel.so"
-                proc = subprocess.run([cc, *C_FLAGS, "-o", str(built), str(src), "-lm"], capture_output=True, text=True)
+                obj, built = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+                proc = subprocess.run([cc, *C_FLAGS, "-c", "-o", str(obj), str(src)], capture_output=True, text=True)
+                if proc.returncode == 0:  # linked in a second step, without -ffast-math (see C_FLAGS)
+                    proc = subprocess.run([cc, *LINK_FLAGS, "-o", str(built), str(obj), "-lm"], capture_output=True, text=True)
                 if proc.returncode != 0:
                     numbered = "\n".join(f"{i + 1:4d} | {line}" for i, line in enumerate(source.splitlines()))
                     raise KernelCompileError(f"compile: the C compiler {cc} rejected the generated kernel {name}:\n"
