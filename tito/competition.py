@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .course import CourseError
+from .progress import atomic_write_text  # a temporary file, fsync, os.replace
 
 FORMAT = "tinytorch-leaderboard/1"
 KERNELS = Path(__file__).resolve().parent / "compete_kernels"
@@ -398,22 +399,6 @@ def merge(old: dict | None, new: dict) -> tuple[dict, str]:
     return rank(new), ""
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def load_board(path: Path) -> dict | None:
     path = Path(path)
     if not path.exists():
@@ -478,6 +463,9 @@ def competition(path: Path, task: Task, runner: Runner, out: Path, baselines: bo
     """Run the baselines (unless not wanted) and every submission under `path`; merge into the leaderboard
     at `out` and write it (JSON, and the Markdown table beside it). Returns (board, note, this run's entries)."""
     files = submissions(path)
+    if Path(out).suffix == ".md":
+        raise CourseError(f"--out {out}: the leaderboard is a JSON file (its Markdown table is written beside it "
+                          "with the suffix .md); pass a name ending in .json")
     old = load_board(out)
     board = new_board(runner)
     todo = [(b.name, KERNELS / b.file, b.kind, b.max_flops) for b in task.baselines] if baselines else []
@@ -491,8 +479,8 @@ def competition(path: Path, task: Task, runner: Runner, out: Path, baselines: bo
             on_entry("done", name, entry)
     this_run = list(board["entries"])
     board, note = merge(old, board)
-    write_atomic(out, json.dumps(board, indent=1) + "\n")
-    write_atomic(Path(out).with_suffix(".md"), markdown(board))
+    atomic_write_text(Path(out), json.dumps(board, indent=1) + "\n")
+    atomic_write_text(Path(out).with_suffix(".md"), markdown(board))
     return board, note, this_run
 
 
