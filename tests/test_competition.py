@@ -23,7 +23,8 @@ CASES = MATMUL.quick_cases  # a (16, 8) @ b (8, 12); a (33, 17) @ b (17, 5)
 FIRST = "a (16, 8) @ b (8, 12)"
 
 SUBMISSIONS = {
-    "fast": "import numpy as np\ndef matmul(a, b):\n    return np.matmul(a, b)\n",
+    "fast": "from _helper import mm\ndef matmul(a, b):\n    return mm(a, b)\n",  # a helper of its folder
+    "_helper": "import numpy as np\ndef mm(a, b):\n    return np.matmul(a, b)\n",  # not a submission itself
     "rows": "import numpy as np\ndef matmul(a, b):\n    return np.stack([r @ b for r in a]).astype(np.float32)\n",
     "shape": "def matmul(a, b):\n    return (a @ b)[:, :1]\n",
     "values": "def matmul(a, b):\n    k = a.shape[1]\n    return a[:, :k - 1] @ b[:k - 1]\n",
@@ -107,7 +108,7 @@ def test_exceptions_and_import_errors_are_reported(board):
 def test_a_segfault_is_reported_and_the_run_goes_on(board):
     assert reason(board, "segv") == ("the process was killed by SIGSEGV (a crash in native code: a bad pointer or "
                                      f"out-of-bounds access, e.g. through ctypes) running on input {FIRST}")
-    assert len(board["by"]) == len(SUBMISSIONS)  # every submission has its entry
+    assert len(board["by"]) == len(SUBMISSIONS) - 1  # every submission has its entry (_helper.py is none)
 
 
 def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
@@ -125,7 +126,7 @@ def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
 
 
 def test_a_kernel_limited_to_small_inputs_is_listed_unranked(tmp_path):
-    write(tmp_path, {"fast": SUBMISSIONS["fast"]})
+    write(tmp_path, {"fast": SUBMISSIONS["fast"], "_helper": SUBMISSIONS["_helper"]})
     runner = comp.Runner(MATMUL, CASES, timeout=20, repeats=1)
     entry = runner.run("small only", tmp_path / "fast.py", "baseline", max_flops=MATMUL.flops(CASES[0]))
     assert entry["status"] == "accepted" and not entry["complete"] and len(entry["cases"]) == 1
@@ -245,9 +246,10 @@ def test_cli_usage_errors(tmp_path):
     result = cli.invoke(app, ["compete", "run", str(tmp_path), "--task", "conv"])
     assert result.exit_code == 2 and "no competition task 'conv'; the tasks are: matmul, elementwise" in result.output
     (tmp_path / "leaderboard-matmul.json").write_text("not json")
-    write(tmp_path, {"fast": SUBMISSIONS["fast"]})
+    write(tmp_path, {"rows": SUBMISSIONS["rows"]})
     result = cli.invoke(app, ["compete", "run", str(tmp_path)])
     assert result.exit_code == 2 and "is not a leaderboard JSON file" in result.output
-    result = cli.invoke(app, ["compete", "example", str(tmp_path)])
-    assert cli.invoke(app, ["compete", "example", str(tmp_path)]).exit_code == 2  # rows.py exists: --force
+    result = cli.invoke(app, ["compete", "example", str(tmp_path)])  # rows.py exists
+    assert result.exit_code == 2 and "rows.py exists; pass --force to overwrite it" in result.output
+    assert cli.invoke(app, ["compete", "example", str(tmp_path), "--force"]).exit_code == 0
     assert cli.invoke(app, ["compete", "tasks"]).exit_code == 0

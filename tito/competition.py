@@ -317,7 +317,8 @@ def child_env(threads: int) -> dict:
 
 
 def submissions(path: Path) -> list[Path]:
-    """The submission files: `path` itself (a .py file) or the NAME.py files in the folder (not _*.py)."""
+    """The submission files: `path` itself (a .py file) or the NAME.py files in the folder. Files named
+    `_*.py` are not submissions: they are helpers that submissions may import (`import _common`)."""
     path = Path(path)
     if path.is_file():
         if path.suffix != ".py":

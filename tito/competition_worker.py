@@ -31,6 +31,9 @@ def _error(exc: BaseException, file: str) -> dict:
 
 
 def load(file: str, func: str):
+    # the submission's folder goes last on sys.path: its helper modules (_helpers.py) import, while a
+    # file there named like a real package (numpy.py) cannot shadow that package
+    sys.path.append(str(Path(file).resolve().parent))
     spec = importlib.util.spec_from_file_location(f"submission_{Path(file).stem}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
