@@ -33,6 +33,7 @@ SUBMISSIONS = {
     "alist": "def matmul(a, b):\n    return (a @ b).tolist()\n",
     "inplace": "def matmul(a, b):\n    a *= 1\n    a[0, 0] += 1\n    return a[:, :1] @ b[:1]\n",
     "boom": "def matmul(a, b):\n    x = 1\n    return x / 0\n",
+    "todo": "def matmul(a, b):\n    raise NotImplementedError\n",
     "importerr": "import tinytorch_no_such_module\n",
     "nofunc": "def matmul_v2(a, b):\n    return a @ b\n",
     "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
@@ -99,6 +100,7 @@ def test_wrong_dtype_nan_and_non_arrays_are_rejected(board):
 
 def test_exceptions_and_import_errors_are_reported(board):
     assert reason(board, "boom") == f"raised ZeroDivisionError: division by zero at boom.py:3 for input {FIRST}"
+    assert reason(board, "todo") == f"not implemented yet: raised NotImplementedError at todo.py:2 for input {FIRST}"
     assert reason(board, "importerr") == ("import failed: ModuleNotFoundError: No module named "
                                           "'tinytorch_no_such_module' at importerr.py:1")
     assert reason(board, "nofunc") == "import failed: LookupError: defines no function `matmul` (it defines: matmul_v2)"

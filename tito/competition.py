@@ -228,7 +228,7 @@ class Runner:
         tail = log.read_bytes()[-4000:].decode("utf-8", "replace").strip()
         return code, tail
 
-    def _failure(self, cases: list, work: Path, code, tail: str) -> str:
+    def _failure(self, cases: list, work: Path, code, tail: str, kind: str = "submission") -> str:
         """Why a phase did not finish ('' when it did)."""
         err = work / "error.json"
         if err.exists():
@@ -237,7 +237,11 @@ class Runner:
             if e["stage"] == "import":
                 return f"import failed: {e['error']}{at}"
             verb = "raised" if e["stage"] == "results" else "raised while being timed:"
-            return f"{verb} {e['error']}{at} for input {self.task.describe(tuple(cases[e['case']]))}"
+            why = f"{verb} {e['error']}{at} for input {self.task.describe(tuple(cases[e['case']]))}"
+            if e["error"].startswith("NotImplementedError"):
+                why = "not implemented yet: " + why + (
+                    "; complete module 17's exercises and run `tito export 17`" if kind != "submission" else "")
+            return why
         progress = (work / "progress").read_text() if (work / "progress").exists() else "start"
         if progress == "done" and code == 0:
             return ""
@@ -277,7 +281,7 @@ class Runner:
                 work.mkdir()
                 job = {**base, "phase": phase, "out": str(work)}
                 code, tail = self._spawn(job, work, deadline)
-                why = self._failure(cases, work, code, tail)
+                why = self._failure(cases, work, code, tail, kind)
                 if why:
                     entry["reason"] = why
                     return entry
