@@ -159,6 +159,8 @@ def test_leaderboard_json_round_trip_and_markdown(board):
     assert set(on_disk["machine"]) >= {"cpu", "cores", "threads", "numpy"} and on_disk["machine"]["threads"] == 1
     md = board["out"].with_suffix(".md").read_text()
     assert "| 1 | " in md and "| - | segv | rejected: the process was killed by SIGSEGV" in md
+    assert f"| submission | {FIRST} | a (33, 17) @ b (17, 5) |" in md  # the median per input
+    assert md.count("| fast | ") == 2 and md.count("| segv | ") == 1  # both tables; only the timed in the second
     assert not [p for p in board["out"].parent.iterdir() if p.name.endswith(".tmp")]  # no temporary files left
 
 

@@ -16,6 +16,8 @@ Both children run in a process group of their own, with no core files, an addres
 BLAS/OpenMP limited to `threads` threads; the submission's `--timeout` covers both. An import error, an
 exception (its last line and the submission's line), a timeout and a process killed by a signal (a
 segfault in ctypes code) reject the submission with that reason; the run goes on with the next one.
+Submissions run as the user who runs `tito compete`, with those limits but not in the grading sandbox
+(tito.sandbox): run files you did not write in a container or a throwaway account.
 
 Accepted entries that ran every input are ranked by the sum of their median times over the task's
 inputs ("total"), with GFLOP/s (the task's operation count over that total) and the speedup over the
@@ -454,6 +456,13 @@ def markdown(board: dict) -> str:
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in rows(board):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+    timed = [e for e in board["entries"] if e["status"] == "accepted"]
+    if timed:
+        lines += ["", "Median time per input:", "",
+                  "| submission | " + " | ".join(board["cases"]) + " |", "|---|" + "---|" * len(board["cases"])]
+        for e in timed:
+            per = {c["input"]: fmt_time(c["median_s"]) for c in e["cases"]}
+            lines.append(f"| {e['name']} | " + " | ".join(per.get(c, "-") for c in board["cases"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -484,8 +493,11 @@ def competition(path: Path, task: Task, runner: Runner, out: Path, baselines: bo
             on_entry("done", name, entry)
     this_run = list(board["entries"])
     board, note = merge(old, board)
-    atomic_write_text(Path(out), json.dumps(board, indent=1) + "\n")
-    atomic_write_text(Path(out).with_suffix(".md"), markdown(board))
+    try:
+        atomic_write_text(Path(out), json.dumps(board, indent=1) + "\n")
+        atomic_write_text(Path(out).with_suffix(".md"), markdown(board))
+    except OSError as e:
+        raise CourseError(f"cannot write the leaderboard {out}: {e}; pass another file with --out") from None
     return board, note, this_run
 
 
