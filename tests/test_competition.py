@@ -28,15 +28,13 @@ SUBMISSIONS = {
     "rows": "import numpy as np\ndef matmul(a, b):\n    return np.stack([r @ b for r in a]).astype(np.float32)\n",
     "shape": "def matmul(a, b):\n    return (a @ b)[:, :1]\n",
     "values": "def matmul(a, b):\n    k = a.shape[1]\n    return a[:, :k - 1] @ b[:k - 1]\n",
-    "dtype": "import numpy as np\ndef matmul(a, b):\n    return a.astype(np.float64) @ b\n",
-    "nan": "import numpy as np\ndef matmul(a, b):\n    c = a @ b\n    c[0, 0] = np.nan\n    return c\n",
-    "alist": "def matmul(a, b):\n    return (a @ b).tolist()\n",
     "inplace": "def matmul(a, b):\n    a *= 1\n    a[0, 0] += 1\n    return a[:, :1] @ b[:1]\n",
     "boom": "def matmul(a, b):\n    x = 1\n    return x / 0\n",
     "todo": "def matmul(a, b):\n    raise NotImplementedError\n",
     "importerr": "import tinytorch_no_such_module\n",
     "nofunc": "def matmul_v2(a, b):\n    return a @ b\n",
     "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
+    "tamper": "import json\ndef matmul(a, b):\n    open('../error.json', 'w').write('{')\n    return a @ b\n",
     "segv": "import ctypes\ndef matmul(a, b):\n    return ctypes.string_at(0)\n",
 }
 
@@ -91,10 +89,17 @@ def test_wrong_values_are_rejected_with_the_max_error(board):
 
 
 def test_wrong_dtype_nan_and_non_arrays_are_rejected(board):
-    assert reason(board, "dtype").startswith(f"returned dtype float64 for input {FIRST}; expected float32")
-    assert "max abs error inf at index (0, 0) (got nan" in reason(board, "nan")
-    assert reason(board, "alist") == (f"returned a list for input {FIRST}; expected a NumPy array, float32, "
-                                      "shape (16, 12)")
+    case = CASES[0]
+    inputs = MATMUL.inputs(case, 17)
+    right = inputs[0] @ inputs[1]
+    assert comp.check_result(MATMUL, case, inputs, right) == ""
+    assert comp.check_result(MATMUL, case, inputs, right.astype(np.float64)).startswith(
+        f"returned dtype float64 for input {FIRST}; expected float32")
+    right[0, 0] = np.nan
+    assert "max abs error inf at index (0, 0) (got nan" in comp.check_result(MATMUL, case, inputs, right)
+    # what the worker reports for a result that is not an array (it returned a list)
+    assert comp.check_result(MATMUL, case, inputs, {"type": "list"}) == (
+        f"returned a list for input {FIRST}; expected a NumPy array, float32, shape (16, 12)")
     assert reason(board, "inplace").startswith(f"wrote into its input `a` for input {FIRST}: inputs are read-only")
 
 
@@ -105,6 +110,10 @@ def test_exceptions_and_import_errors_are_reported(board):
                                           "'tinytorch_no_such_module' at importerr.py:1")
     assert reason(board, "nofunc") == "import failed: LookupError: defines no function `matmul` (it defines: matmul_v2)"
     assert reason(board, "exits").startswith(f"the process exited with code 3 running on input {FIRST}")
+
+
+def test_a_submission_that_overwrites_the_workers_files_is_rejected(board):
+    assert reason(board, "tamper").startswith("its results could not be read (JSONDecodeError")
 
 
 def test_a_segfault_is_reported_and_the_run_goes_on(board):

@@ -209,11 +209,13 @@ class Runner:
         from .sandbox import Sandbox
 
         log = work / "output.txt"
+        cwd = work / "cwd"  # the submission's working directory: files it writes cannot pose as the worker's
+        cwd.mkdir()
         # no core files, the address-space limit, its own session, and it dies with tito
         preexec = Sandbox("none", memory_bytes=self.memory_bytes, max_processes=0).preexec()
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "tito.competition_worker"], stdin=subprocess.PIPE,
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=work, env=self.env, preexec_fn=preexec)
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=self.env, preexec_fn=preexec)
             try:
                 proc.communicate(json.dumps(job).encode(), timeout=max(0.1, deadline - time.monotonic()))
                 code = proc.returncode
@@ -283,19 +285,24 @@ class Runner:
                 work.mkdir()
                 job = {**base, "phase": phase, "out": str(work)}
                 code, tail = self._spawn(job, work, deadline)
-                why = self._failure(cases, work, code, tail, kind)
+                try:  # what the worker left: unreadable only if the submission tampered with it
+                    why = self._failure(cases, work, code, tail, kind)
+                    if not why and phase == "results":
+                        for i, case in enumerate(cases):
+                            npy, js = work / f"result_{i}.npy", work / f"result_{i}.json"
+                            got = json.loads(js.read_text()) if js.exists() else np.load(npy, allow_pickle=False)
+                            why = check_result(task, case, task.inputs(case, self.seed), got)
+                            if why:
+                                break
+                    if not why and phase == "timing":
+                        timings = json.loads((work / "timing.json").read_text())
+                        if len(timings) != len(cases):
+                            raise ValueError(f"{len(timings)} timings for {len(cases)} inputs")
+                except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+                    why = f"its {phase} could not be read ({type(e).__name__}: {str(e)[:200]})"
                 if why:
                     entry["reason"] = why
                     return entry
-                if phase == "results":
-                    for i, case in enumerate(cases):
-                        npy, js = work / f"result_{i}.npy", work / f"result_{i}.json"
-                        got = json.loads(js.read_text()) if js.exists() else np.load(npy, allow_pickle=False)
-                        why = check_result(task, case, task.inputs(case, self.seed), got)
-                        if why:
-                            entry["reason"] = why
-                            return entry
-            timings = json.loads((Path(tmp) / "timing" / "timing.json").read_text())
         for case, t in zip(cases, timings):
             entry["cases"].append({"case": list(case), "input": task.describe(case), "median_s": t["median"],
                                    "best_s": t["best"], "repeats": len(t["times"]), "calls_per_repeat": t["number"],
