@@ -231,6 +231,7 @@ tito doctor
 | `tito module restore 01` | brings back your latest backup (or a named one: `tito module restore 01 FILE`), backing up the current notebook first |
 | `tito checkpoint 01` | everything up to module 01, used together |
 | `tito milestone list` | historic models you can run with your own package |
+| `tito compete run DIR` | module 17's kernel competition: your kernels in `DIR/NAME.py` checked, timed and ranked against NumPy (`tito compete example DIR` writes two to start from) |
 
 A cell that runs longer than `student_cell_timeout` seconds (in `settings.ini`) stops the check;
 Ctrl-C stops it at once. Your progress is in `.tito/progress.json`.

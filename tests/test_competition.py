@@ -1,0 +1,268 @@
+"""`tito compete` (module 17's kernel competition): submissions checked, timed and ranked in child
+processes; bad ones (wrong result, exception, import error, infinite loop, segfault) reported, never
+fatal to the run; the leaderboard written atomically and merged by submission name.
+
+Small inputs (`quick_cases`) and short timeouts keep it fast; no assertion depends on a speed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tito import competition as comp
+from tito.main import app
+
+MATMUL = comp.TASKS["matmul"]
+CASES = MATMUL.quick_cases  # a (16, 8) @ b (8, 12); a (33, 17) @ b (17, 5)
+FIRST = "a (16, 8) @ b (8, 12)"
+
+SUBMISSIONS = {
+    "fast": "from _helper import mm\ndef matmul(a, b):\n    return mm(a, b)\n",  # a helper of its folder
+    "_helper": "import numpy as np\ndef mm(a, b):\n    return np.matmul(a, b)\n",  # not a submission itself
+    "rows": "import numpy as np\ndef matmul(a, b):\n    return np.stack([r @ b for r in a]).astype(np.float32)\n",
+    "shape": "def matmul(a, b):\n    return (a @ b)[:, :1]\n",
+    "values": "def matmul(a, b):\n    k = a.shape[1]\n    return a[:, :k - 1] @ b[:k - 1]\n",
+    "inplace": "def matmul(a, b):\n    a *= 1\n    a[0, 0] += 1\n    return a[:, :1] @ b[:1]\n",
+    "boom": "def matmul(a, b):\n    x = 1\n    return x / 0\n",
+    "todo": "def matmul(a, b):\n    raise NotImplementedError\n",
+    "importerr": "import tinytorch_no_such_module\n",
+    "nofunc": "def matmul_v2(a, b):\n    return a @ b\n",
+    "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
+    "tamper": "import json\ndef matmul(a, b):\n    open('../error.json', 'w').write('{')\n    return a @ b\n",
+    "segv": "import ctypes\ndef matmul(a, b):\n    return ctypes.string_at(0)\n",
+}
+
+
+def write(folder: Path, files: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, src in files.items():
+        (folder / f"{name}.py").write_text(src)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    """One run over every submission above (no baselines), into a fresh leaderboard."""
+    folder = write(tmp_path_factory.mktemp("subs"), SUBMISSIONS)
+    runner = comp.Runner(MATMUL, CASES, timeout=20, repeats=3)
+    out = folder / "board.json"
+    board, note, this_run = comp.competition(folder, MATMUL, runner, out, baselines=False)
+    return {"board": board, "note": note, "out": out, "by": {e["name"]: e for e in board["entries"]}}
+
+
+def reason(board, name):
+    e = board["by"][name]
+    assert e["status"] == "rejected", f"{name} was {e['status']}, expected rejected"
+    return e["reason"]
+
+
+def test_correct_submissions_are_ranked_by_total_median_time(board):
+    ranked = [e for e in board["board"]["entries"] if e["rank"]]
+    assert [e["name"] for e in ranked] == sorted(["fast", "rows"], key=lambda n: board["by"][n]["total_s"])
+    assert [e["rank"] for e in ranked] == [1, 2]
+    assert board["board"]["entries"][:2] == ranked  # ranked first, then the rejected
+    for e in ranked:
+        assert e["status"] == "accepted" and e["complete"] and e["reason"] == ""
+        assert [c["input"] for c in e["cases"]] == [MATMUL.describe(c) for c in CASES]
+        assert all(c["median_s"] > 0 and c["repeats"] == 3 and c["calls_per_repeat"] >= 1 for c in e["cases"])
+        assert e["total_s"] == pytest.approx(sum(c["median_s"] for c in e["cases"]))
+        flops = sum(MATMUL.flops(c) for c in CASES)
+        assert e["gflops"] == pytest.approx(flops / e["total_s"] / 1e9)
+        assert e["speedup"] is None  # no reference was run
+
+
+def test_wrong_shape_is_rejected_naming_the_input(board):
+    assert reason(board, "shape") == f"returned shape (16, 1) for input {FIRST}; expected (16, 12)"
+
+
+def test_wrong_values_are_rejected_with_the_max_error(board):
+    r = reason(board, "values")
+    assert r.startswith(f"wrong values for input {FIRST}: max abs error ")
+    assert "elements outside the tolerance |error| <= 8e-05 + 0.0001 * |expected|" in r
+    assert "at index (" in r and "expected" in r
+
+
+def test_wrong_dtype_nan_and_non_arrays_are_rejected(board):
+    case = CASES[0]
+    inputs = MATMUL.inputs(case, 17)
+    right = inputs[0] @ inputs[1]
+    assert comp.check_result(MATMUL, case, inputs, right) == ""
+    assert comp.check_result(MATMUL, case, inputs, right.astype(np.float64)).startswith(
+        f"returned dtype float64 for input {FIRST}; expected float32")
+    right[0, 0] = np.nan
+    assert "max abs error inf at index (0, 0) (got nan" in comp.check_result(MATMUL, case, inputs, right)
+    # what the worker reports for a result that is not an array (it returned a list)
+    assert comp.check_result(MATMUL, case, inputs, {"type": "list"}) == (
+        f"returned a list for input {FIRST}; expected a NumPy array, float32, shape (16, 12)")
+    assert reason(board, "inplace").startswith(f"wrote into its input `a` for input {FIRST}: inputs are read-only")
+
+
+def test_exceptions_and_import_errors_are_reported(board):
+    assert reason(board, "boom") == f"raised ZeroDivisionError: division by zero at boom.py:3 for input {FIRST}"
+    assert reason(board, "todo") == f"not implemented yet: raised NotImplementedError at todo.py:2 for input {FIRST}"
+    assert reason(board, "importerr") == ("import failed: ModuleNotFoundError: No module named "
+                                          "'tinytorch_no_such_module' at importerr.py:1")
+    assert reason(board, "nofunc") == "import failed: LookupError: defines no function `matmul` (it defines: matmul_v2)"
+    assert reason(board, "exits").startswith(f"the process exited with code 3 running on input {FIRST}")
+
+
+def test_a_submission_that_overwrites_the_workers_files_is_rejected(board):
+    assert reason(board, "tamper").startswith("its results could not be read (JSONDecodeError")
+
+
+def test_a_segfault_is_reported_and_the_run_goes_on(board):
+    assert reason(board, "segv") == ("the process was killed by SIGSEGV (a crash in native code: a bad pointer or "
+                                     f"out-of-bounds access, e.g. through ctypes) running on input {FIRST}")
+    assert len(board["by"]) == len(SUBMISSIONS) - 1  # every submission has its entry (_helper.py is none)
+
+
+def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
+    pidfile = tmp_path / "pid"
+    src = f"import os\ndef matmul(a, b):\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
+    write(tmp_path, {"spin": src})
+    t0 = time.monotonic()
+    entry = comp.Runner(MATMUL, CASES, timeout=1.5).run("spin", tmp_path / "spin.py")
+    assert time.monotonic() - t0 < 10
+    assert entry["status"] == "rejected"
+    assert entry["reason"] == f"too slow: stopped after the 1.5 s limit (--timeout) running on input {FIRST}"
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(pid, 0)
+
+
+def test_a_kernel_limited_to_small_inputs_is_listed_unranked(tmp_path):
+    write(tmp_path, {"fast": SUBMISSIONS["fast"], "_helper": SUBMISSIONS["_helper"]})
+    runner = comp.Runner(MATMUL, CASES, timeout=20, repeats=1)
+    entry = runner.run("small only", tmp_path / "fast.py", "baseline", max_flops=MATMUL.flops(CASES[0]))
+    assert entry["status"] == "accepted" and not entry["complete"] and len(entry["cases"]) == 1
+    board = comp.rank({**comp.new_board(runner), "entries": [entry]})
+    assert board["entries"][0]["rank"] is None
+    assert comp.rows(board)[0][2] == "accepted (1 of 2 inputs: unranked)"
+
+
+def test_check_result_tolerances():
+    case = (4, 100, 3)
+    inputs = MATMUL.inputs(case, 1)
+    exact = (inputs[0].astype(np.float64) @ inputs[1]).astype(np.float32)
+    assert comp.check_result(MATMUL, case, inputs, exact) == ""
+    assert comp.check_result(MATMUL, case, inputs, exact + np.float32(0.0009)) == ""  # atol 1e-5 * k = 0.001
+    assert "max abs error 0.002" in comp.check_result(MATMUL, case, inputs, exact + np.float32(0.002))
+    # the same inputs every time (fixed seed per shape), different ones per shape
+    assert all(np.array_equal(x, y) for x, y in zip(inputs, MATMUL.inputs(case, 1)))
+    assert MATMUL.inputs((5, 5, 5), 1)[0].shape == (5, 5)
+
+
+# ------------------------------------------------------------------------------------------ leaderboard
+
+def test_leaderboard_json_round_trip_and_markdown(board):
+    on_disk = json.loads(board["out"].read_text())
+    assert on_disk == board["board"]
+    assert comp.load_board(board["out"]) == board["board"]
+    assert on_disk["format"] == comp.FORMAT and on_disk["task"] == "matmul"
+    assert set(on_disk["machine"]) >= {"cpu", "cores", "threads", "numpy"} and on_disk["machine"]["threads"] == 1
+    md = board["out"].with_suffix(".md").read_text()
+    assert "| 1 | " in md and "| - | segv | rejected: the process was killed by SIGSEGV" in md
+    assert f"| submission | {FIRST} | a (33, 17) @ b (17, 5) |" in md  # the median per input
+    assert md.count("| fast | ") == 2 and md.count("| segv | ") == 1  # both tables; only the timed in the second
+    assert not [p for p in board["out"].parent.iterdir() if p.name.endswith(".tmp")]  # no temporary files left
+
+
+def test_leaderboard_write_is_atomic(tmp_path, monkeypatch):
+    out = tmp_path / "board.json"
+    out.write_text('{"format": "tinytorch-leaderboard/1", "task": "matmul", "entries": []}')
+    before = out.read_text()
+
+    def fail(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    from tito.progress import atomic_write_text
+
+    with pytest.raises(OSError):
+        atomic_write_text(out, "{ half")
+    assert out.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["board.json"]
+
+
+def _entry(name, total, kind="submission"):
+    return {"name": name, "kind": kind, "status": "accepted", "complete": True, "total_s": total, "gflops": 1.0,
+            "reason": "", "cases": [{"case": [16, 8, 12], "median_s": total}], "measured": "then"}
+
+
+def test_rerunning_merges_by_submission_name():
+    runner = comp.Runner(MATMUL, CASES[:1], env={"X": "1"})
+    old = comp.rank({**comp.new_board(runner), "entries": [_entry("alice", 3.0), _entry("bob", 2.0),
+                                                           _entry("numpy (reference)", 1.0, "reference")]})
+    new = {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]}
+    board, note = comp.merge(json.loads(json.dumps(old)), new)
+    assert note == ""
+    assert [(e["name"], e["rank"], e["total_s"]) for e in board["entries"]] == [
+        ("alice", 1, 0.5), ("numpy (reference)", 2, 1.0), ("bob", 3, 2.0)]
+    assert board["entries"][0]["speedup"] == pytest.approx(2.0)
+    # measured elsewhere: the old entries are dropped, and the run says why
+    other = json.loads(json.dumps(old))
+    other["machine"]["cpu"] = "another CPU"
+    board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
+    assert [e["name"] for e in board["entries"]] == ["alice"]
+    assert note.startswith("earlier entries were dropped: cpu was 'another CPU'")
+    with pytest.raises(comp.CourseError, match="holds task 'elementwise', not 'matmul'"):
+        comp.merge({**old, "task": "elementwise"}, new)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+def test_cli_examples_run_with_baselines(tmp_path):
+    cli = CliRunner()
+    result = cli.invoke(app, ["compete", "example", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.py", "wrong.py"]
+    out = tmp_path / "lb.json"
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--quick", "--out", str(out), "--repeats", "1",
+                              "--timeout", "30"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output  # `wrong` was rejected
+    assert "rejected wrong: wrong values for input a (16, 8) @ b (8, 12): max abs error" in result.output
+    by = {e["name"]: e for e in json.loads(out.read_text())["entries"]}
+    assert by["rows"]["status"] == "accepted" and by["rows"]["rank"]
+    assert by["numpy (reference)"]["speedup"] == pytest.approx(1.0)
+    assert by["course: blocked_matmul"]["status"] == "accepted" and by["course: naive_matmul"]["complete"]
+    assert out.with_suffix(".md").exists()
+    (tmp_path / "wrong.py").unlink()  # only correct submissions now: exit code 0, merged into the same board
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--quick", "--out", str(out), "--repeats", "1",
+                              "--no-baselines"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    names = [e["name"] for e in json.loads(out.read_text())["entries"]]
+    assert "numpy (reference)" in names and "wrong" in names  # kept from the first run
+
+
+def test_cli_elementwise_task(tmp_path):
+    cli = CliRunner()
+    assert cli.invoke(app, ["compete", "example", str(tmp_path), "--task", "elementwise"]).exit_code == 0
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--task", "elementwise", "--quick", "--repeats", "1",
+                              "--no-baselines"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    board = json.loads((tmp_path / "leaderboard-elementwise.json").read_text())
+    by = {e["name"]: e for e in board["entries"]}
+    assert by["inplace"]["rank"] == 1
+    assert by["wrong"]["reason"].startswith("wrong values for input x (8, 16), bias (16,): max abs error")
+
+
+def test_cli_usage_errors(tmp_path):
+    cli = CliRunner()
+    result = cli.invoke(app, ["compete", "run", str(tmp_path)])
+    assert result.exit_code == 2 and "holds no submissions (NAME.py files)" in result.output
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--task", "conv"])
+    assert result.exit_code == 2 and "no competition task 'conv'; the tasks are: matmul, elementwise" in result.output
+    (tmp_path / "leaderboard-matmul.json").write_text("not json")
+    write(tmp_path, {"rows": SUBMISSIONS["rows"]})
+    result = cli.invoke(app, ["compete", "run", str(tmp_path)])
+    assert result.exit_code == 2 and "is not a leaderboard JSON file" in result.output
+    result = cli.invoke(app, ["compete", "example", str(tmp_path)])  # rows.py exists
+    assert result.exit_code == 2 and "rows.py exists; pass --force to overwrite it" in result.output
+    assert cli.invoke(app, ["compete", "example", str(tmp_path), "--force"]).exit_code == 0
+    assert cli.invoke(app, ["compete", "tasks"]).exit_code == 0

@@ -1,0 +1,522 @@
+"""The kernel competition of module 17: `tito compete run SUBMISSIONS_DIR --task matmul`.
+
+A submission is a file `NAME.py` that defines the task's function with its fixed signature
+(`matmul(a, b)` or `gelu_bias(x, bias)`, see TASKS). For each submission, one at a time:
+
+1. results: a child process (`python -m tito.competition_worker`) imports the file and calls the
+   function once on each of the task's fixed inputs; this process checks what came back (an ndarray,
+   float32, the right shape, `np.allclose` to a float64 NumPy reference with the task's tolerances,
+   inputs left unchanged). A wrong result rejects the submission with a reason naming the input shape
+   and the largest error.
+2. timing: a second child process times the function on each input with the course's measuring rules
+   (`tinytorch.perf.measure.time_call`: warmup, repeats of enough calls to last `min_repeat_time`, the
+   garbage collector paused; the median of the repeats is reported).
+
+Both children run in a process group of their own, with no core files, an address-space limit and
+BLAS/OpenMP limited to `threads` threads; the submission's `--timeout` covers both. An import error, an
+exception (its last line and the submission's line), a timeout and a process killed by a signal (a
+segfault in ctypes code) reject the submission with that reason; the run goes on with the next one.
+Submissions run as the user who runs `tito compete`, with those limits but not in the grading sandbox
+(tito.sandbox): run files you did not write in a container or a throwaway account.
+
+Accepted entries that ran every input are ranked by the sum of their median times over the task's
+inputs ("total"), with GFLOP/s (the task's operation count over that total) and the speedup over the
+NumPy reference measured in the same run. The leaderboard is written atomically (a temporary file,
+then `os.replace`) as JSON and as a Markdown table next to it. Running again with the same leaderboard
+file merges by submission name: an entry measured now replaces the entry of that name, entries not run
+now are kept with their date, and all are ranked together -- but only when the machine (CPU model,
+cores, NumPy version), the thread count and the input list are the same; otherwise the earlier entries
+are dropped (their times would not be comparable) and the run says so.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .course import CourseError
+from .progress import atomic_write_text  # a temporary file, fsync, os.replace
+
+FORMAT = "tinytorch-leaderboard/1"
+KERNELS = Path(__file__).resolve().parent / "compete_kernels"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    file: str  # in tito/compete_kernels
+    kind: str = "baseline"  # or "reference"
+    max_flops: float | None = None  # only the inputs of at most this many operations (naive loops)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    func: str
+    args: tuple
+    signature: str
+    cases: tuple  # the fixed inputs (shapes) of a full run
+    quick_cases: tuple  # `--quick`: small ones only
+    tolerance: str
+    baselines: tuple
+    examples: dict = field(default_factory=dict)  # file name written by `tito compete example` -> kernel file
+
+    def inputs(self, case: tuple, seed: int) -> list:
+        rng = np.random.default_rng([seed, *case])
+        if self.name == "matmul":
+            n, k, m = case
+            return [rng.uniform(-1, 1, (n, k)).astype(np.float32), rng.uniform(-1, 1, (k, m)).astype(np.float32)]
+        n, d = case
+        return [(3 * rng.standard_normal((n, d))).astype(np.float32), rng.uniform(-1, 1, d).astype(np.float32)]
+
+    def reference(self, inputs: list) -> np.ndarray:
+        "The expected result, computed in float64."
+        if self.name == "matmul":
+            return inputs[0].astype(np.float64) @ inputs[1].astype(np.float64)
+        y = inputs[0].astype(np.float64) + inputs[1]
+        return 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+
+    def out_shape(self, case: tuple) -> tuple:
+        return (case[0], case[2]) if self.name == "matmul" else tuple(case)
+
+    def tol(self, case: tuple) -> tuple:
+        "(rtol, atol): a result passes where |got - expected| <= atol + rtol * |expected|."
+        if self.name == "matmul":
+            return 1e-4, 1e-5 * case[1]  # float32 sums of k products: the error grows with k
+        return 1e-4, 1e-5
+
+    def flops(self, case: tuple) -> float:
+        if self.name == "matmul":
+            n, k, m = case
+            return 2.0 * n * k * m
+        return 10.0 * case[0] * case[1]  # add, 3 mul for 0.044715*y^3, add, mul, tanh, add, 2 mul
+
+    def describe(self, case: tuple) -> str:
+        if self.name == "matmul":
+            n, k, m = case
+            return f"a {(n, k)} @ b {(k, m)}"
+        n, d = case
+        return f"x {(n, d)}, bias {(d,)}"
+
+
+TASKS = {
+    "matmul": Task(
+        "matmul", "matmul", ("a", "b"),
+        "matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray  # float32 a (n, k), b (k, m) -> float32 (n, m) = a @ b",
+        cases=((64, 64, 64), (96, 200, 33), (256, 256, 256), (1024, 1024, 1024)),
+        quick_cases=((16, 8, 12), (33, 17, 5)),
+        tolerance="|got - a@b| <= 1e-5 * k + 1e-4 * |a@b| elementwise (a@b in float64)",
+        baselines=(Baseline("numpy (reference)", "matmul_numpy.py", "reference"),
+                   Baseline("course: blocked_matmul", "matmul_blocked.py"),
+                   Baseline("course: naive_matmul", "matmul_naive.py", max_flops=2 * 64 ** 3)),
+        examples={"rows.py": "example_matmul_rows.py", "wrong.py": "example_matmul_wrong.py"},
+    ),
+    "elementwise": Task(
+        "elementwise", "gelu_bias", ("x", "bias"),
+        "gelu_bias(x: np.ndarray, bias: np.ndarray) -> np.ndarray  # float32 x (n, d), bias (d,) -> float32 (n, d) "
+        "= gelu(x + bias), tanh approximation: 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3)))",
+        cases=((64, 128), (1000, 333), (2048, 2048)),
+        quick_cases=((8, 16), (37, 5)),
+        tolerance="|got - expected| <= 1e-5 + 1e-4 * |expected| elementwise (expected in float64)",
+        baselines=(Baseline("numpy (reference)", "gelu_bias_numpy.py", "reference"),
+                   Baseline("course: compile (fused kernel)", "gelu_bias_compiled.py")),
+        examples={"inplace.py": "example_gelu_bias_inplace.py", "wrong.py": "example_gelu_bias_wrong.py"},
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise CourseError(f"no competition task {name!r}; the tasks are: {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+# ---------------------------------------------------------------------------------------------- checking
+
+def check_result(task: Task, case: tuple, inputs: list, got) -> str:
+    """'' when `got` is the right answer for `inputs`, else the reason (naming the input and the error).
+    `got` is an ndarray, or a dict the worker wrote for anything else ({'type': ...} / {'wrote_input': ...})."""
+    where = f"for input {task.describe(case)}"
+    want_shape = task.out_shape(case)
+    if isinstance(got, dict):
+        if "wrote_input" in got:
+            return (f"wrote into its input `{got['wrote_input']}` {where}: inputs are read-only, "
+                    "allocate the result (np.empty) instead")
+        return f"returned a {got.get('type')} {where}; expected a NumPy array, float32, shape {want_shape}"
+    if got.dtype != np.float32:
+        return f"returned dtype {got.dtype} {where}; expected float32 (convert with .astype(np.float32))"
+    if got.shape != want_shape:
+        return f"returned shape {got.shape} {where}; expected {want_shape}"
+    expected = task.reference(inputs)
+    rtol, atol = task.tol(case)
+    got64 = got.astype(np.float64)
+    err = np.abs(got64 - expected)
+    bad = ~(err <= atol + rtol * np.abs(expected))  # NaN counts as bad
+    if bad.any():
+        finite_err = np.where(np.isnan(err), np.inf, err)
+        i = np.unravel_index(int(np.argmax(finite_err)), err.shape)
+        return (f"wrong values {where}: max abs error {finite_err[i]:.3g} at index {tuple(int(v) for v in i)} "
+                f"(got {got64[i]:.6g}, expected {expected[i]:.6g}); {int(bad.sum())} of {bad.size} elements outside "
+                f"the tolerance |error| <= {atol:.3g} + {rtol:g} * |expected|")
+    return ""
+
+
+# ------------------------------------------------------------------------------------------- running
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+@dataclass
+class Runner:
+    """How every entry of one run is run: the same limits and environment for all of them."""
+
+    task: Task
+    cases: tuple
+    timeout: float = 60.0
+    repeats: int = 5
+    warmup: int = 1
+    min_repeat_time: float = 0.02
+    threads: int = 1
+    memory_bytes: int = 4 << 30
+    seed: int = 17
+    env: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.env:
+            self.env = child_env(self.threads)
+
+    def _spawn(self, job: dict, work: Path, deadline: float):
+        """Run the worker; returns (returncode or None on timeout, output tail)."""
+        from .proc import kill_group
+        from .sandbox import Sandbox
+
+        log = work / "output.txt"
+        cwd = work / "cwd"  # the submission's working directory: files it writes cannot pose as the worker's
+        cwd.mkdir()
+        # no core files, the address-space limit, its own session, and it dies with tito
+        preexec = Sandbox("none", memory_bytes=self.memory_bytes, max_processes=0).preexec()
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "tito.competition_worker"], stdin=subprocess.PIPE,
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=self.env, preexec_fn=preexec)
+            try:
+                proc.communicate(json.dumps(job).encode(), timeout=max(0.1, deadline - time.monotonic()))
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+            except BaseException:
+                kill_group(proc.pid)
+                proc.wait()
+                raise
+            finally:
+                if proc.returncode is None:
+                    kill_group(proc.pid)
+                    proc.wait()
+        tail = log.read_bytes()[-4000:].decode("utf-8", "replace").strip()
+        return code, tail
+
+    def _failure(self, cases: list, work: Path, code, tail: str, kind: str = "submission") -> str:
+        """Why a phase did not finish ('' when it did)."""
+        err = work / "error.json"
+        if err.exists():
+            e = json.loads(err.read_text())
+            at = f" at {e['where']}" if e.get("where") else ""
+            if e["stage"] == "import":
+                return f"import failed: {e['error']}{at}"
+            verb = "raised" if e["stage"] == "results" else "raised while being timed:"
+            why = f"{verb} {e['error']}{at} for input {self.task.describe(tuple(cases[e['case']]))}"
+            if e["error"].startswith("NotImplementedError"):
+                why = "not implemented yet: " + why + (
+                    "; complete module 17's exercises and run `tito export 17`" if kind != "submission" else "")
+            return why
+        progress = (work / "progress").read_text() if (work / "progress").exists() else "start"
+        if progress == "done" and code == 0:
+            return ""
+        if progress in ("start", "import"):
+            doing = "while starting" if progress == "start" else "while importing the file"
+        else:
+            phase, i = json.loads(progress)
+            doing = (f"{'running' if phase == 'results' else 'being timed'} on input "
+                     f"{self.task.describe(tuple(cases[i]))}")
+        if code is None:
+            return f"too slow: stopped after the {self.timeout:g} s limit (--timeout) {doing}"
+        if code < 0:
+            sig = _signal_name(-code)
+            hint = {"SIGSEGV": " (a crash in native code: a bad pointer or out-of-bounds access, e.g. through ctypes)",
+                    "SIGKILL": f" (out of memory? the limit is {self.memory_bytes / 2 ** 30:g} GiB)",
+                    "SIGBUS": " (a crash in native code)", "SIGABRT": " (native code aborted)"}.get(sig, "")
+            return f"the process was killed by {sig}{hint} {doing}"
+        last = tail.splitlines()[-1][:300] if tail else "no output"
+        return f"the process exited with code {code} {doing} (sys.exit or os._exit in the submission?); last output: {last}"
+
+    def run(self, name: str, file: Path, kind: str = "submission", max_flops: float | None = None) -> dict:
+        """Check, then time, one entry; a dict for the leaderboard (never raises for the entry's own faults)."""
+        task = self.task
+        cases = [c for c in self.cases if max_flops is None or task.flops(c) <= max_flops]
+        entry = {"name": name, "kind": kind, "file": str(file), "measured": now(), "status": "rejected",
+                 "reason": "", "cases": [], "complete": len(cases) == len(self.cases)}
+        if not cases:
+            entry["reason"] = "no input of this run is small enough for it"
+            return entry
+        deadline = time.monotonic() + self.timeout
+        with tempfile.TemporaryDirectory(prefix="tito-compete-") as tmp:
+            base = {"task": task.name, "file": str(Path(file).resolve()), "cases": [list(c) for c in cases],
+                    "seed": self.seed, "warmup": self.warmup, "repeats": self.repeats,
+                    "min_repeat_time": self.min_repeat_time}
+            for phase in ("results", "timing"):
+                work = Path(tmp) / phase
+                work.mkdir()
+                job = {**base, "phase": phase, "out": str(work)}
+                code, tail = self._spawn(job, work, deadline)
+                try:  # what the worker left: unreadable only if the submission tampered with it
+                    why = self._failure(cases, work, code, tail, kind)
+                    if not why and phase == "results":
+                        for i, case in enumerate(cases):
+                            npy, js = work / f"result_{i}.npy", work / f"result_{i}.json"
+                            got = json.loads(js.read_text()) if js.exists() else np.load(npy, allow_pickle=False)
+                            why = check_result(task, case, task.inputs(case, self.seed), got)
+                            if why:
+                                break
+                    if not why and phase == "timing":
+                        timings = json.loads((work / "timing.json").read_text())
+                        if len(timings) != len(cases):
+                            raise ValueError(f"{len(timings)} timings for {len(cases)} inputs")
+                except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+                    why = f"its {phase} could not be read ({type(e).__name__}: {str(e)[:200]})"
+                if why:
+                    entry["reason"] = why
+                    return entry
+        for case, t in zip(cases, timings):
+            entry["cases"].append({"case": list(case), "input": task.describe(case), "median_s": t["median"],
+                                   "best_s": t["best"], "repeats": len(t["times"]), "calls_per_repeat": t["number"],
+                                   "gflops": task.flops(case) / t["median"] / 1e9})
+        entry["status"] = "accepted"
+        entry["total_s"] = sum(c["median_s"] for c in entry["cases"])
+        entry["gflops"] = sum(task.flops(c) for c in cases) / entry["total_s"] / 1e9
+        return entry
+
+
+def child_env(threads: int) -> dict:
+    """The workers' environment: this course's tinytorch and tito importable, BLAS/OpenMP on `threads` threads."""
+    from .course import edition_env, find_root
+
+    env = dict(os.environ)
+    try:
+        env = edition_env(find_root())
+    except CourseError:
+        pass  # outside a course checkout: the installed tinytorch
+    here = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
+    for var in THREAD_VARS:
+        env[var] = str(threads)
+    return env
+
+
+def submissions(path: Path) -> list[Path]:
+    """The submission files: `path` itself (a .py file) or the NAME.py files in the folder. Files named
+    `_*.py` are not submissions: they are helpers that submissions may import (`import _common`)."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix != ".py":
+            raise CourseError(f"{path} is not a Python file; a submission is a NAME.py file defining the task's function")
+        return [path]
+    if not path.is_dir():
+        raise CourseError(f"no such folder: {path}; pass the folder holding the submissions (NAME.py files)")
+    files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
+    if not files:
+        raise CourseError(f"{path} holds no submissions (NAME.py files); write examples there with "
+                          f"`tito compete example {path}`")
+    return files
+
+
+# ---------------------------------------------------------------------------------------- leaderboard
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info(threads: int) -> dict:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "numpy": np.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _comparable(old: dict, new: dict) -> str:
+    """'' when old entries can be ranked with new ones, else why not."""
+    for key in ("cpu", "cores", "threads", "numpy"):
+        if old.get("machine", {}).get(key) != new["machine"][key]:
+            return f"{key} was {old.get('machine', {}).get(key)!r}, now {new['machine'][key]!r}"
+    if old.get("cases") != new["cases"]:
+        return "they were measured on other inputs (--quick or not)"
+    return ""
+
+
+def rank(board: dict) -> dict:
+    """Order the entries (ranked: accepted on every input, by total time; then partial; then rejected)
+    and set each one's rank and speedup over the reference entry."""
+    ref = next((e for e in board["entries"] if e["kind"] == "reference" and e["status"] == "accepted"), None)
+    ref_case = {tuple(c["case"]): c["median_s"] for c in ref["cases"]} if ref else {}
+    for e in board["entries"]:
+        e["speedup"] = None
+        if e["status"] == "accepted" and ref_case and all(tuple(c["case"]) in ref_case for c in e["cases"]):
+            e["speedup"] = sum(ref_case[tuple(c["case"])] for c in e["cases"]) / e["total_s"]
+    ranked = sorted((e for e in board["entries"] if e["status"] == "accepted" and e["complete"]),
+                    key=lambda e: e["total_s"])
+    partial = [e for e in board["entries"] if e["status"] == "accepted" and not e["complete"]]
+    rejected = sorted((e for e in board["entries"] if e["status"] != "accepted"), key=lambda e: e["name"])
+    for i, e in enumerate(ranked):
+        e["rank"] = i + 1
+    for e in partial + rejected:
+        e["rank"] = None
+    board["entries"] = ranked + partial + rejected
+    return board
+
+
+def merge(old: dict | None, new: dict) -> tuple[dict, str]:
+    """`new` plus the entries of `old` not run now (same task, machine and inputs); a note when old ones were dropped."""
+    if old is None:
+        return rank(new), ""
+    if old.get("task") != new["task"]:
+        raise CourseError(f"the leaderboard file holds task {old.get('task')!r}, not {new['task']!r}; "
+                          "pass another file with --out")
+    why = _comparable(old, new)
+    if why:
+        return rank(new), f"earlier entries were dropped: {why}; their times would not compare"
+    names = {e["name"] for e in new["entries"]}
+    new["entries"] = new["entries"] + [e for e in old.get("entries", []) if e["name"] not in names]
+    return rank(new), ""
+
+
+def load_board(path: Path) -> dict | None:
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        board = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CourseError(f"{path} is not a leaderboard JSON file ({e}); move it away or pass another --out") from None
+    if not isinstance(board, dict) or board.get("format") != FORMAT:
+        raise CourseError(f"{path} is not a tinytorch leaderboard (no \"format\": \"{FORMAT}\"); "
+                          "move it away or pass another --out")
+    return board
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def rows(board: dict) -> list[list[str]]:
+    """The table's rows: rank, name, result, total time, GFLOP/s, speedup (strings)."""
+    out = []
+    for e in board["entries"]:
+        if e["status"] == "accepted":
+            result = "accepted" if e["complete"] else f"accepted ({len(e['cases'])} of {len(board['cases'])} inputs: unranked)"
+            out.append([str(e["rank"] or "-"), e["name"], result, fmt_time(e["total_s"]), f"{e['gflops']:.3g}",
+                        f"{e['speedup']:.3g}x" if e["speedup"] else "-"])
+        else:
+            out.append(["-", e["name"], f"rejected: {e['reason']}", "-", "-", "-"])
+    return out
+
+
+HEADER = ["#", "submission", "result", "total (median)", "GFLOP/s", "vs NumPy"]
+
+
+def markdown(board: dict) -> str:
+    m = board["machine"]
+    lines = [f"# Leaderboard: {board['task']}", "",
+             f"`{board['signature']}`", "",
+             f"Inputs: {'; '.join(board['cases'])}. Tolerance: {board['tolerance']}.", "",
+             f"Updated {board['updated']} on {m['cpu']} ({m['cores']} cores, {m['threads']} thread(s) per kernel), "
+             f"NumPy {m['numpy']}. Total = the sum over the inputs of each kernel's median time "
+             f"(tinytorch.perf.measure.time_call, {board['repeats']} repeats after warmup).", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in rows(board):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+    timed = [e for e in board["entries"] if e["status"] == "accepted"]
+    if timed:
+        lines += ["", "Median time per input:", "",
+                  "| submission | " + " | ".join(board["cases"]) + " |", "|---|" + "---|" * len(board["cases"])]
+        for e in timed:
+            per = {c["input"]: fmt_time(c["median_s"]) for c in e["cases"]}
+            lines.append(f"| {e['name']} | " + " | ".join(per.get(c, "-") for c in board["cases"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def new_board(runner: Runner) -> dict:
+    task = runner.task
+    return {"format": FORMAT, "task": task.name, "signature": task.signature, "tolerance": task.tolerance,
+            "cases": [task.describe(c) for c in runner.cases], "repeats": runner.repeats,
+            "machine": machine_info(runner.threads), "updated": now(), "entries": []}
+
+
+def competition(path: Path, task: Task, runner: Runner, out: Path, baselines: bool = True, on_entry=None) -> tuple:
+    """Run the baselines (unless not wanted) and every submission under `path`; merge into the leaderboard
+    at `out` and write it (JSON, and the Markdown table beside it). Returns (board, note, this run's entries)."""
+    files = submissions(path)
+    if Path(out).suffix == ".md":
+        raise CourseError(f"--out {out}: the leaderboard is a JSON file (its Markdown table is written beside it "
+                          "with the suffix .md); pass a name ending in .json")
+    old = load_board(out)
+    board = new_board(runner)
+    todo = [(b.name, KERNELS / b.file, b.kind, b.max_flops) for b in task.baselines] if baselines else []
+    todo += [(f.stem, f, "submission", None) for f in files]
+    for name, file, kind, max_flops in todo:
+        if on_entry:
+            on_entry("start", name, None)
+        entry = runner.run(name, file, kind, max_flops)
+        board["entries"].append(entry)
+        if on_entry:
+            on_entry("done", name, entry)
+    this_run = list(board["entries"])
+    board, note = merge(old, board)
+    try:
+        atomic_write_text(Path(out), json.dumps(board, indent=1) + "\n")
+        atomic_write_text(Path(out).with_suffix(".md"), markdown(board))
+    except OSError as e:
+        raise CourseError(f"cannot write the leaderboard {out}: {e}; pass another file with --out") from None
+    return board, note, this_run
+
+
+def write_examples(folder: Path, task: Task, force: bool = False) -> list[Path]:
+    """Copy the task's example submissions (a correct one, a wrong one) into `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, src in task.examples.items():
+        dest = folder / name
+        if dest.exists() and not force:
+            raise CourseError(f"{dest} exists; pass --force to overwrite it, or choose another folder")
+        shutil.copyfile(KERNELS / src, dest)
+        written.append(dest)
+    return written
