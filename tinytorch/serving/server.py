@@ -859,8 +859,12 @@ async def _health(request):
 
     st: ServingState = request.app.state.serving
     models = [m for m, ok in (("classify", st.classifier is not None), ("generate", st.gpt is not None)) if ok]
-    status = "draining" if st.closing else "ok"
-    return JSONResponse({"status": status, "models": models}, status_code=503 if st.closing else 200)
+    info = {"status": "draining" if st.closing else "ok", "models": models}
+    if st.classifier is not None:
+        info["input_shape"] = list(st.input_shape)
+    if st.gpt is not None:
+        info.update(vocab_size=st.gpt.vocab_size, context_length=st.gpt.context_length)
+    return JSONResponse(info, status_code=503 if st.closing else 200)
 
 
 async def _metrics(request):
