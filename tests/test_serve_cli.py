@@ -29,7 +29,7 @@ def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
     from tinytorch.serving.server import mlp_classifier, save_servable
 
     save_servable(tmp_path / "digits.npz", mlp_classifier([64, 16, 10], rng=0), sizes=[64, 16, 10], input_shape=(64,))
-    save_servable(tmp_path / "gpt.npz", GPT(12, 48, 16, 2, 2, rng=0), vocab=list("abcdefghijkl"))
+    save_servable(tmp_path / "gpt.npz", GPT(12, 48, 64, 4, 6, rng=0), vocab=list("abcdefghijkl"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "tito.main", "serve", str(tmp_path / "digits.npz"),
@@ -57,10 +57,12 @@ def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
         t = threading.Thread(target=lambda: slow.update(r=httpx.post(url + "/v1/generate", timeout=60,
                                                                      json={"prompt": "abc", "max_new_tokens": 40})))
         t.start()
-        for _ in range(500):                      # wait until the generation is inside the server
+        deadline = time.perf_counter() + 10
+        while time.perf_counter() < deadline and t.is_alive():    # wait until the generation is inside the server
             if "tinytorch_requests_in_system 1" in httpx.get(url + "/metrics", timeout=5).text:
                 break
-            time.sleep(0.01)
+            time.sleep(0.005)
+        assert t.is_alive(), "the generation finished before the test could interrupt the server; make it longer"
         proc.send_signal(signal.SIGINT)
         t.join(60)
         out, _ = proc.communicate(timeout=60)
