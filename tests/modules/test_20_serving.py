@@ -510,3 +510,16 @@ def test_servable_checkpoints_round_trip(tmp_path):
     assert app.state.serving.input_shape == (4,) and app.state.serving.vocab[0] == "a"
     with pytest.raises(ValueError, match="sizes"):
         save_servable(tmp_path / "x.npz", mlp)
+    spec = [["Conv2d", [1, 4, 3], {"padding": 1, "rng": 0}], ["BatchNorm2d", [4], {}], ["ReLU", [], {}],
+            ["MaxPool2d", [2], {}], ["Flatten", [], {}], ["Linear", [64, 10], {"rng": 1}]]
+    from tinytorch.serving.server import sequential_from_spec
+
+    cnn = sequential_from_spec(spec)
+    cnn.layers[1].running_mean.data[:] = [0.1, 0.2, 0.3, 0.4]      # a buffer travels with the parameters
+    save_servable(tmp_path / "cnn.npz", cnn.eval(), layers=spec, input_shape=(1, 8, 8))
+    c2, arch = load_servable(tmp_path / "cnn.npz")
+    x = np.random.default_rng(1).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    assert arch["kind"] == "sequential" and not c2.training
+    np.testing.assert_array_equal(c2(Tensor(x)).data, cnn(Tensor(x)).data)
+    with pytest.raises(ValueError, match="not servable"):
+        sequential_from_spec([["Evil", [], {}]])

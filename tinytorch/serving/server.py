@@ -21,11 +21,11 @@ from ..models.gpt import sample_next
 from ..perf.kv_cache import PagedKVCache
 
 # %% auto #0
-__all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'RequestError', 'is_integer', 'read_json', 'parse_generate_request',
-           'parse_classify_request', 'take_batch', 'LatencyWindow', 'DynamicBatcher', 'AdmissionController',
-           'BatchedPagedCache', 'Sequence', 'ContinuousBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState',
-           'create_app', 'BackgroundServer', 'mlp_classifier', 'save_servable', 'load_servable', 'app_from_checkpoints',
-           'time_average_in_system']
+__all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
+           'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'DynamicBatcher',
+           'AdmissionController', 'BatchedPagedCache', 'Sequence', 'ContinuousBatcher', 'GenerationEngine',
+           'InSystemMeter', 'ServingState', 'create_app', 'BackgroundServer', 'mlp_classifier', 'sequential_from_spec',
+           'save_servable', 'load_servable', 'app_from_checkpoints', 'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #errors
 class RequestError(Exception):
@@ -337,27 +337,39 @@ class AdmissionController:
 class BatchedPagedCache:
     """One layer's cache for a batched decode step over several sequences of a `PagedKVCache` (given).
 
-    The sequences hold different numbers of positions; the step left-pads them to the longest,
-    `seq_len`, and `GPT.forward`'s `attention_mask` hides the padding and gives each new token its
-    own position. `update(k, v)` with `(B, H, 1, Dh)` writes each sequence's new key and value into
-    its blocks and returns all of them left-padded, `(B, H, seq_len + 1, Dh)`."""
+    The sequences hold different numbers of positions `lengths`; the step lays each one's cached keys
+    out from position 0, pads them to the longest, `seq_len`, and puts the new token's key last.
+    `GPT.forward`'s `attention_mask` (1 for a sequence's own positions and its new token, 0 for the
+    padding between them) hides the padding and gives each new token its own position.
+    `update(k, v)` with `(B, H, 1, Dh)` writes every sequence's new key and value into its block
+    with one indexed assignment and reads every sequence's blocks with one indexed read (no Python
+    loop over sequences or blocks); it returns `(B, H, seq_len + 1, Dh)`."""
 
     def __init__(self, pool: PagedKVCache, seq_ids: list, layer: int, seq_len: int):
         self.pool, self.seq_ids, self.layer, self.seq_len = pool, seq_ids, layer, seq_len
+        self.lengths = np.array([pool.lengths[s][layer] for s in seq_ids])
+        width = -(-seq_len // pool.block_size)
+        tables = np.zeros((len(seq_ids), width), dtype=np.int64)    # block 0 pads short tables: masked anyway
+        for i, s in enumerate(seq_ids):
+            table = pool.block_tables[s][:width]
+            tables[i, :len(table)] = table
+        self.tables = tables
+        self.new_blocks = np.array([pool.block_tables[s][n // pool.block_size] for s, n in zip(seq_ids, self.lengths)])
 
     def update(self, k, v) -> tuple:
         k = k.data if isinstance(k, Tensor) else np.asarray(k)
         v = v.data if isinstance(v, Tensor) else np.asarray(v)
-        b, h, t_new, dh = k.shape
-        total = self.seq_len + t_new
-        k_all = np.zeros((b, h, total, dh), dtype=k.dtype)
-        v_all = np.zeros((b, h, total, dh), dtype=v.dtype)
-        for i, sid in enumerate(self.seq_ids):
-            self.pool.write(sid, self.layer, k[i], v[i])
-            kk, vv = self.pool.gather(sid, self.layer)
-            k_all[i, :, total - kk.shape[1]:] = kk
-            v_all[i, :, total - vv.shape[1]:] = vv
-        return Tensor(k_all), Tensor(v_all)
+        pool, layer, bs = self.pool, self.layer, self.pool.block_size
+        b, h, _, dh = k.shape
+        slots = self.lengths % bs
+        pool.k_pool[layer, self.new_blocks, :, slots] = k[:, :, 0]
+        pool.v_pool[layer, self.new_blocks, :, slots] = v[:, :, 0]
+        for s, n in zip(self.seq_ids, self.lengths):
+            pool.lengths[s][layer] = int(n) + 1
+        width = self.tables.shape[1]
+        k_past = pool.k_pool[layer, self.tables].transpose(0, 2, 1, 3, 4).reshape(b, h, width * bs, dh)[:, :, :self.seq_len]
+        v_past = pool.v_pool[layer, self.tables].transpose(0, 2, 1, 3, 4).reshape(b, h, width * bs, dh)[:, :, :self.seq_len]
+        return Tensor(np.concatenate([k_past, k], axis=2)), Tensor(np.concatenate([v_past, v], axis=2))
 
 
 class Sequence:
@@ -429,8 +441,8 @@ class ContinuousBatcher:
         lengths = [self.pool.lengths[s.id][0] for s in seqs]
         longest = max(lengths)
         mask = np.zeros((len(seqs), longest + 1), dtype=np.int64)
-        for i, n in enumerate(lengths):
-            mask[i, longest - n:] = 1
+        mask[:, :longest] = np.arange(longest)[None, :] < np.array(lengths)[:, None]
+        mask[:, longest] = 1
         ids = np.array([[s.tokens[-1]] for s in seqs], dtype=np.int64)
         caches = [BatchedPagedCache(self.pool, [s.id for s in seqs], layer, longest)
                   for layer in range(self.pool.num_layers)]
@@ -780,16 +792,17 @@ async def _classify(request):
     if st.closing:
         st.count("classify", 503)
         return _error(503, "the server is shutting down; retry on another replica", {"Retry-After": "1"})
-    try:
-        x = parse_classify_request(read_json(await _body(request)), st.input_shape)
-    except RequestError as e:
-        st.count("classify", e.status)
-        return _error(e.status, e.message)
-    if not st.cls_admission.try_admit():
+    if not st.cls_admission.try_admit():      # before reading the body: a refusal must cost next to nothing
         st.count("classify", 503)
         wait = st.cls_admission.retry_after(st.cls_batcher.seconds_per_request())
         return _error(503, f"overloaded: {st.cls_admission.max_in_system} requests are already in the system; "
                            f"retry after {wait} s", {"Retry-After": str(wait)})
+    try:
+        x = parse_classify_request(read_json(await _body(request)), st.input_shape)
+    except RequestError as e:
+        st.cls_admission.release()
+        st.count("classify", e.status)
+        return _error(e.status, e.message)
     t0 = time.perf_counter()
     try:
         probs = await st.cls_batcher.submit(x)
@@ -809,6 +822,11 @@ async def _generate(request):
     if st.closing:
         st.count("generate", 503)
         return _error(503, "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+    if not st.gen_admission.try_admit():      # before reading the body: a refusal must cost next to nothing
+        st.count("generate", 503)
+        wait = st.gen_admission.retry_after(st.engine.seconds_per_request())
+        return _error(503, f"overloaded: {st.gen_admission.max_in_system} generations are already in the system; "
+                           f"retry after {wait} s", {"Retry-After": str(wait)})
     try:
         obj = read_json(await _body(request))
         if isinstance(obj.get("prompt"), str):
@@ -821,13 +839,9 @@ async def _generate(request):
             obj = dict(obj, prompt=[st.stoi[c] for c in obj["prompt"]])
         req = parse_generate_request(obj, st.gpt.vocab_size, st.gpt.context_length, st.max_new_tokens_limit)
     except RequestError as e:
+        st.gen_admission.release()
         st.count("generate", e.status)
         return _error(e.status, e.message)
-    if not st.gen_admission.try_admit():
-        st.count("generate", 503)
-        wait = st.gen_admission.retry_after(st.engine.seconds_per_request())
-        return _error(503, f"overloaded: {st.gen_admission.max_in_system} generations are already in the system; "
-                           f"retry after {wait} s", {"Retry-After": str(wait)})
     kw = dict(temperature=req["temperature"], top_k=req["top_k"], seed=req["seed"])
     text = (lambda ids: "".join(st.vocab[i] for i in ids)) if st.vocab is not None else (lambda ids: None)
     t0 = time.perf_counter()
@@ -968,10 +982,34 @@ def mlp_classifier(sizes, rng=None):
     return Sequential(*layers)
 
 
+SERVABLE_LAYERS = {"Linear": "tinytorch.core.layers", "Dropout": "tinytorch.core.layers",
+                   "ReLU": "tinytorch.core.activations", "Sigmoid": "tinytorch.core.activations",
+                   "Tanh": "tinytorch.core.activations", "GELU": "tinytorch.core.activations",
+                   "Conv2d": "tinytorch.core.spatial", "BatchNorm2d": "tinytorch.core.spatial",
+                   "MaxPool2d": "tinytorch.core.spatial", "Flatten": "tinytorch.core.spatial"}
+
+
+def sequential_from_spec(layers):
+    """`Sequential` of the layers `[[class name, [args], {kwargs}], ...]` (given): the architecture of a
+    servable classifier that is not a plain MLP (the 1998 milestone's CNN). Only the layer classes of
+    `SERVABLE_LAYERS` are built, so a checkpoint never names arbitrary code to run."""
+    from importlib import import_module
+
+    from tinytorch.core.layers import Sequential
+
+    built = []
+    for name, args, kwargs in layers:
+        if name not in SERVABLE_LAYERS:
+            raise ValueError(f"sequential_from_spec: layer {name!r} is not servable; known: {sorted(SERVABLE_LAYERS)}")
+        built.append(getattr(import_module(SERVABLE_LAYERS[name]), name)(*args, **kwargs))
+    return Sequential(*built)
+
+
 def save_servable(path, model, **info):
     """Save a model a server can start from (given): module 08's checkpoint with the architecture in
     its `extra`. A GPT records its sizes (and `vocab`, a list of characters, if given); an MLP needs
-    `sizes=[64, 128, 10]` and `input_shape=(64,)`."""
+    `sizes=[64, 128, 10]` and `input_shape=(64,)`; any other classifier `layers=[[name, args, kwargs],
+    ...]` (see `sequential_from_spec`) and `input_shape`."""
     from tinytorch.core.training import save_checkpoint
     from tinytorch.models.gpt import GPT
 
@@ -980,9 +1018,13 @@ def save_servable(path, model, **info):
         arch = {"kind": "gpt", "vocab_size": model.vocab_size, "context_length": model.context_length,
                 "embed_dim": attn.num_heads * attn.head_dim, "num_heads": attn.num_heads,
                 "num_layers": len(model.blocks), "vocab": list(info.get("vocab") or [])}
+    elif "layers" in info and "input_shape" in info:
+        arch = {"kind": "sequential", "layers": [[n, list(a), dict(k)] for n, a, k in info["layers"]],
+                "input_shape": [int(d) for d in info["input_shape"]]}
     else:
         if "sizes" not in info or "input_shape" not in info:
-            raise ValueError("save_servable: a classifier needs sizes=[in, hidden..., classes] and input_shape=(...)")
+            raise ValueError("save_servable: a classifier needs input_shape=(...) and sizes=[in, hidden..., classes] "
+                             "(an MLP) or layers=[[name, args, kwargs], ...]")
         arch = {"kind": "mlp", "sizes": [int(s) for s in info["sizes"]],
                 "input_shape": [int(d) for d in info["input_shape"]]}
     return save_checkpoint(path, model, None, 0, serving=arch)
@@ -996,11 +1038,13 @@ def load_servable(path) -> tuple:
 
     meta, arrays = read_checkpoint(path)
     arch = decode_state(meta["extra"], arrays).get("serving")
-    if not isinstance(arch, dict) or arch.get("kind") not in ("gpt", "mlp"):
+    if not isinstance(arch, dict) or arch.get("kind") not in ("gpt", "mlp", "sequential"):
         raise CheckpointError(f"{path} is a checkpoint but not a servable one (no 'serving' architecture in its "
                               "extra); save it with tinytorch.serving.server.save_servable")
     if arch["kind"] == "gpt":
         model = GPT(arch["vocab_size"], arch["context_length"], arch["embed_dim"], arch["num_heads"], arch["num_layers"])
+    elif arch["kind"] == "sequential":
+        model = sequential_from_spec(arch["layers"])
     else:
         model = mlp_classifier(arch["sizes"])
     load_checkpoint(path, model)
