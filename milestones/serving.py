@@ -227,8 +227,8 @@ def main(argv=None) -> int:
 
     # ---- generation: one at a time, static and continuous batching on the paged KV cache
     stoi = {c: i for i, c in enumerate(chars)}
-    corpus_prompt = [stoi[c] for c in "Once upon a time"][:8]
-    lengths = np.minimum(np.random.default_rng(args.seed).geometric(1 / 12, 16 if run.quick else 48), 56)
+    corpus_prompt = [stoi[c] for c in "Once"]          # chat-like answer lengths: most short, a few long
+    lengths = np.minimum(np.random.default_rng(args.seed).geometric(1 / 16, 16 if run.quick else 48), 60)
     gen = {}
     schedules = (("one at a time", "continuous", 1), ("static batches of 8", "static", 8),
                  ("continuous, 8 slots", "continuous", 8))

@@ -335,41 +335,45 @@ class AdmissionController:
 
 # %% ../../modules/20_serving/20_serving.ipynb #paged-batch
 class BatchedPagedCache:
-    """One layer's cache for a batched decode step over several sequences of a `PagedKVCache` (given).
+    """One layer's cache for one batched forward over several sequences of a `PagedKVCache` (given).
 
-    The sequences hold different numbers of positions `lengths`; the step lays each one's cached keys
-    out from position 0, pads them to the longest, `seq_len`, and puts the new token's key last.
-    `GPT.forward`'s `attention_mask` (1 for a sequence's own positions and its new token, 0 for the
-    padding between them) hides the padding and gives each new token its own position.
-    `update(k, v)` with `(B, H, 1, Dh)` writes every sequence's new key and value into its block
-    with one indexed assignment and reads every sequence's blocks with one indexed read (no Python
-    loop over sequences or blocks); it returns `(B, H, seq_len + 1, Dh)`."""
+    Row `i` holds `past[i]` cached positions and brings `counts[i]` new tokens (1 for a sequence
+    being decoded, its whole prompt for one joining). The forward's input is `(B, width)` with each
+    row's new tokens at its right end; the cached keys are laid out from position 0 and padded to
+    the longest, `seq_len`. `GPT.forward`'s `attention_mask` (1 for a row's cached positions and its
+    new tokens, 0 for the padding) hides the padding and gives every token its own position.
+    `update(k, v)` with `(B, H, width, Dh)` writes every row's new keys and values into its blocks
+    with one indexed assignment, reads every row's blocks with one indexed read (no Python loop over
+    blocks or positions), and returns `(B, H, seq_len + width, Dh)`."""
 
-    def __init__(self, pool: PagedKVCache, seq_ids: list, layer: int, seq_len: int):
+    def __init__(self, pool: PagedKVCache, seq_ids: list, layer: int, seq_len: int, counts):
         self.pool, self.seq_ids, self.layer, self.seq_len = pool, seq_ids, layer, seq_len
-        self.lengths = np.array([pool.lengths[s][layer] for s in seq_ids])
-        width = -(-seq_len // pool.block_size)
-        tables = np.zeros((len(seq_ids), width), dtype=np.int64)    # block 0 pads short tables: masked anyway
-        for i, s in enumerate(seq_ids):
-            table = pool.block_tables[s][:width]
-            tables[i, :len(table)] = table
-        self.tables = tables
-        self.new_blocks = np.array([pool.block_tables[s][n // pool.block_size] for s, n in zip(seq_ids, self.lengths)])
+        self.past = np.array([pool.lengths[s][layer] for s in seq_ids])
+        self.counts = np.asarray(counts)
+        tables = [pool.block_tables[s] for s in seq_ids]
+        self.tables = np.zeros((len(seq_ids), max(map(len, tables))), dtype=np.int64)  # block 0 pads: masked
+        for i, t in enumerate(tables):
+            self.tables[i, :len(t)] = t
 
     def update(self, k, v) -> tuple:
         k = k.data if isinstance(k, Tensor) else np.asarray(k)
         v = v.data if isinstance(v, Tensor) else np.asarray(v)
         pool, layer, bs = self.pool, self.layer, self.pool.block_size
-        b, h, _, dh = k.shape
-        slots = self.lengths % bs
-        pool.k_pool[layer, self.new_blocks, :, slots] = k[:, :, 0]
-        pool.v_pool[layer, self.new_blocks, :, slots] = v[:, :, 0]
-        for s, n in zip(self.seq_ids, self.lengths):
-            pool.lengths[s][layer] = int(n) + 1
-        width = self.tables.shape[1]
-        k_past = pool.k_pool[layer, self.tables].transpose(0, 2, 1, 3, 4).reshape(b, h, width * bs, dh)[:, :, :self.seq_len]
-        v_past = pool.v_pool[layer, self.tables].transpose(0, 2, 1, 3, 4).reshape(b, h, width * bs, dh)[:, :, :self.seq_len]
-        return Tensor(np.concatenate([k_past, k], axis=2)), Tensor(np.concatenate([v_past, v], axis=2))
+        b, h, width, dh = k.shape
+        rows = np.repeat(np.arange(b), self.counts)
+        offsets = np.arange(len(rows)) - np.repeat(np.cumsum(self.counts) - self.counts, self.counts)
+        pos = self.past[rows] + offsets                       # where each new token goes in its sequence
+        src = width - self.counts[rows] + offsets             # where it sits in this forward's input
+        blocks, slots = self.tables[rows, pos // bs], pos % bs
+        pool.k_pool[layer, blocks, :, slots] = k[rows, :, src]
+        pool.v_pool[layer, blocks, :, slots] = v[rows, :, src]
+        for s, n, c in zip(self.seq_ids, self.past, self.counts):
+            pool.lengths[s][layer] = int(n + c)
+        used = -(-self.seq_len // bs)
+        k_past = pool.k_pool[layer, self.tables[:, :used]].transpose(0, 2, 1, 3, 4).reshape(b, h, used * bs, dh)
+        v_past = pool.v_pool[layer, self.tables[:, :used]].transpose(0, 2, 1, 3, 4).reshape(b, h, used * bs, dh)
+        return (Tensor(np.concatenate([k_past[:, :, :self.seq_len], k], axis=2)),
+                Tensor(np.concatenate([v_past[:, :, :self.seq_len], v], axis=2)))
 
 
 class Sequence:
@@ -431,24 +435,29 @@ class ContinuousBatcher:
         self.pool.allocate(seq.id, len(seq.prompt) + seq.max_new_tokens)
         return True
 
-    def _prefill(self, seq: Sequence) -> np.ndarray:
-        "Run the prompt through the model into the sequence's blocks; the logits `(V,)` of its last position."
-        with no_grad():
-            return self.model(seq.prompt[None], cache=self.pool.layer_caches(seq.id)).data[0, -1]
-
-    def _decode(self, seqs: list) -> np.ndarray:
-        "One batched forward of each sequence's newest token at its own position; logits `(B, V)`."
-        lengths = [self.pool.lengths[s.id][0] for s in seqs]
-        longest = max(lengths)
-        mask = np.zeros((len(seqs), longest + 1), dtype=np.int64)
-        mask[:, :longest] = np.arange(longest)[None, :] < np.array(lengths)[:, None]
-        mask[:, longest] = 1
-        ids = np.array([[s.tokens[-1]] for s in seqs], dtype=np.int64)
-        caches = [BatchedPagedCache(self.pool, [s.id for s in seqs], layer, longest)
+    def _forward(self, decoding: list, joining: list) -> np.ndarray:
+        """The batched forward of one step: the newest token of each sequence in `decoding` at its own
+        position, and the whole prompt of each sequence in `joining` (its prefill), into their blocks.
+        Returns the logits `(len(decoding) + len(joining), V)` of each row's last token, decoding rows
+        first. Decodes and prefills are two model calls when both are present (on a CPU, padding the
+        one-token decodes to a prompt's width would cost more than the second call)."""
+        seqs = list(decoding) + list(joining)
+        news = [[s.tokens[-1]] for s in decoding] + [s.prompt.tolist() for s in joining]
+        past = [self.pool.lengths[s.id][0] for s in seqs]
+        longest, width = max(past), max(map(len, news))
+        if decoding and joining:   # two calls: padding one-token decodes to a prompt's width would multiply their work
+            return np.concatenate([self._forward(decoding, []), self._forward([], joining)])
+        ids = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), longest + width), dtype=np.int64)
+        for i, (new, n) in enumerate(zip(news, past)):
+            ids[i, width - len(new):] = new
+            mask[i, :n] = 1
+            mask[i, longest + width - len(new):] = 1
+        caches = [BatchedPagedCache(self.pool, [s.id for s in seqs], layer, longest, [len(n) for n in news])
                   for layer in range(self.pool.num_layers)]
         with no_grad():
             logits = self.model(ids, start_pos=longest, cache=caches, attention_mask=mask).data[:, -1]
-        self.decoded_tokens += len(seqs)
+        self.decoded_tokens += len(decoding)
         return logits
 
     def _emit(self, seq: Sequence, logits: np.ndarray) -> None:
@@ -461,37 +470,38 @@ class ContinuousBatcher:
         TODO (Exercise 20.4): the scheduler step of continuous batching.
 
         CONTRACT, in this order:
-        1. If any sequences are running, one `_decode` over all of them (in `running` order) and
-           one `_emit` per sequence with its row of the logits.
-        2. Join: while `waiting` is not empty, fewer than `max_batch_size` are running and
-           `_reserve(waiting[0])` succeeds, move that sequence from the left of `waiting` to the end
-           of `running`, `_prefill` it and `_emit` its first token from those logits. With
-           `policy == "static"`, nobody joins while sequences from the previous batch are still
-           running (step 1's sequences, finished or not, count as the previous batch).
-           First come, first served: stop at the first sequence that does not fit.
+        1. Join: while `waiting` is not empty, fewer than `max_batch_size` sequences are running or
+           joining and `_reserve(waiting[0])` succeeds, move that sequence from the left of
+           `waiting` to a list of joiners. First come, first served: stop at the first sequence
+           that does not fit. With `policy == "static"`, nobody joins while sequences are running.
+        2. One forward pass for everyone: if any sequence is running or joining, one call of
+           `_forward(running, joiners)` (it decodes the running ones and prefills the joiners in the
+           same batch) and one `_emit` per row, in that order (running first, then the joiners);
+           the joiners are appended to `running`.
         3. Leave: every sequence of `running` that is `done` leaves it (the others keep their
            order) and its blocks go back to the pool (`self.pool.free(seq.id)`).
-        Add 1 to `self.steps` and record the decode batch size (0 when nothing was decoded) with
-        `self.batch_sizes.add`. Return the list of sequences that left, in `running` order.
+        Add 1 to `self.steps` and record the number of sequences *decoded* (running at the start of
+        the step, 0 if none) with `self.batch_sizes.add`. Return the list of sequences that left, in
+        `running` order.
         EXAMPLE: max_batch_size 2, three waiting prompts asking for 1, 3, 2 tokens: step 1 joins the
         first two (the first is done at once and leaves); step 2 decodes the second and joins the
-        third, which is then done too; step 3 decodes the second, which leaves.
+        third; step 3 decodes both, and both leave.
 
-        HINTS: a deque's `popleft`; list comprehensions on `.done`; `_reserve` returns False when
-        the pool has too few free blocks.
+        HINTS: a deque's `popleft`; `zip` pairs sequences with logit rows; list comprehensions on
+        `.done`; `_reserve` returns False when the pool has too few free blocks.
         """
         ### BEGIN SOLUTION
         decoded = len(self.running)
-        if self.running:
-            logits = self._decode(self.running)
-            for seq, row in zip(self.running, logits):
-                self._emit(seq, row)
+        joiners = []
         if self.policy == "continuous" or decoded == 0:
-            while (self.waiting and len(self.running) < self.max_batch_size
+            while (self.waiting and decoded + len(joiners) < self.max_batch_size
                    and self._reserve(self.waiting[0])):
-                seq = self.waiting.popleft()
-                self.running.append(seq)
-                self._emit(seq, self._prefill(seq))
+                joiners.append(self.waiting.popleft())
+        if self.running or joiners:
+            logits = self._forward(self.running, joiners)
+            for seq, row in zip(self.running + joiners, logits):
+                self._emit(seq, row)
+            self.running.extend(joiners)
         finished = [s for s in self.running if s.done]
         self.running = [s for s in self.running if not s.done]
         for seq in finished:

@@ -1,5 +1,5 @@
 """Probes of module 20 (serving): see tito/probes/__init__.py. No substitutes: each exercise calls only given
-code of its module (20.4 the batcher's `_decode`, `_reserve`, `_prefill`, `_emit`) and module 18's reference."""
+code of its module (20.4 the batcher's `_forward`, `_reserve`, `_emit`) and module 18's reference."""
 from collections import deque
 
 import numpy as np
