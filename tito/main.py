@@ -5,6 +5,7 @@
     tito student init DIR                           write a student edition
     tito nbgrader generate|collect|autograde|feedback|export   the instructor loop
     tito milestone list|run                         historic milestones
+    tito serve MODEL --port N / tito serve bench    serve a checkpoint over HTTP, measure it under load
     tito guide build                                the lab guide (HTML book)
     tito doctor                                     is this machine ready?
     tito compete run DIR                            the kernel competition (module 17)
@@ -14,7 +15,7 @@ from __future__ import annotations
 import typer
 
 from tito import guide
-from tito.commands import check, compete, doctor, milestone, module, nbgrader, student
+from tito.commands import check, compete, doctor, milestone, module, nbgrader, serve, student
 
 app = typer.Typer(help="TinyTorch course CLI: build, test and grade the modules.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -24,6 +25,7 @@ app.add_typer(student.app, name="student")
 app.add_typer(nbgrader.app, name="nbgrader")
 app.add_typer(milestone.app, name="milestone")
 app.add_typer(guide.app, name="guide")
+app.add_typer(serve.app, name="serve")
 doctor.register(app)
 app.add_typer(compete.app, name="compete")
 

@@ -1,0 +1,114 @@
+"""Serving benchmark (module 20): what batching buys a server, measured in one process.
+
+1. Classification, the model stage: 2,000 requests for the 1998 digits CNN submitted at once to module 20's
+   `DynamicBatcher` (no HTTP): answers per second without batching (max_batch_size=1) and with dynamic
+   batching (up to 32). Then the HTTP layer alone: 16 closed-loop httpx clients against the same server
+   (in process, httpx.ASGITransport) with a one-layer classifier, whose cost is nearly all HTTP, JSON and
+   event loop: the per-request price batching cannot divide.
+2. Generation: a mix of chat-like requests (prompt of 4 tokens, answer lengths geometric with mean 16, at most
+   60) for the 2017 milestone's GPT shape, decoded by `ContinuousBatcher` with 8 slots, statically and
+   continuously batched, and one at a time: generated tokens per second, best of the interleaved repeats.
+
+    .venv/bin/python tests/benchmarks/bench_serving.py [--repeats 3] [--requests 400]
+
+Prints the ratios (batched / unbatched, continuous / static); the serving milestone measures the same against
+a p99 budget under open-loop load.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tinytorch.core.autograd import no_grad  # noqa: E402
+from tinytorch.core.tensor import Tensor  # noqa: E402
+from tinytorch.models.gpt import GPT  # noqa: E402
+from tinytorch.serving.loadgen import run_load  # noqa: E402
+from tinytorch.serving.server import (ContinuousBatcher, DynamicBatcher, Sequence, create_app,  # noqa: E402
+                                      mlp_classifier, sequential_from_spec)
+
+CNN = [["Conv2d", [1, 16, 3], {"padding": 1, "rng": 2}], ["BatchNorm2d", [16], {}], ["ReLU", [], {}],
+       ["MaxPool2d", [2], {}], ["Conv2d", [16, 16, 3], {"padding": 1, "rng": 3}], ["BatchNorm2d", [16], {}],
+       ["ReLU", [], {}], ["MaxPool2d", [2], {}], ["Flatten", [], {}], ["Linear", [64, 10], {"rng": 4}]]
+
+
+async def model_stage(model, size, n):
+    def probs(xs):
+        with no_grad():
+            return model(Tensor(xs)).data
+
+    batcher = DynamicBatcher(probs, max_batch_size=size, max_wait=0.005)
+    xs = np.random.default_rng(0).random((n, 1, 8, 8)).astype(np.float32)
+    await batcher.start()
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(batcher.submit(x) for x in xs))
+        seconds = time.perf_counter() - t0
+    finally:
+        await batcher.stop()
+    return n / seconds, batcher.batch_sizes.sum / batcher.batch_sizes.count
+
+
+async def http_ceiling(requests):
+    app = create_app(classifier=mlp_classifier([64, 10], rng=0), input_shape=(64,), max_batch_size=32,
+                     max_wait=0.001, max_queue=1000)
+    body = {"input": np.random.default_rng(0).random(64).tolist()}
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
+            return await run_load(client, "/v1/classify", body, concurrency=16, n_requests=requests, duration=30)
+
+
+def generation(gpt, policy, slots, lengths):
+    cb = ContinuousBatcher(gpt, num_blocks=40, block_size=16, max_batch_size=slots, policy=policy)
+    for i, n in enumerate(lengths):
+        cb.add(Sequence(i, [1, 2, 3, 4], int(n), temperature=0.8, top_k=10, seed=i))
+    t0 = time.perf_counter()
+    done = cb.run_until_done()
+    return sum(len(s.tokens) for s in done) / (time.perf_counter() - t0), cb.steps, {s.id: s.tokens for s in done}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=1000)
+    args = parser.parse_args()
+    sys.setswitchinterval(0.0005)
+    cnn = sequential_from_spec(CNN).eval()
+    best = {}
+    for _ in range(args.repeats):
+        for label, size in (("unbatched", 1), ("dynamic batching", 32)):
+            tput, mean_batch = asyncio.run(model_stage(cnn, size, 2000))
+            if label not in best or tput > best[label][0]:
+                best[label] = (tput, mean_batch)
+    for label, (tput, mean_batch) in best.items():
+        print(f"classification model stage, {label:17s}: {tput:7.0f} answers/s, mean batch {mean_batch:.1f}")
+    print(f"  dynamic batching / unbatched: {best['dynamic batching'][0] / best['unbatched'][0]:.2f}x")
+    res = max((asyncio.run(http_ceiling(args.requests)) for _ in range(args.repeats)), key=lambda r: r.throughput)
+    print(f"HTTP layer in process (one-layer model, 16 clients): {res.throughput:.0f} answers/s = "
+          f"{1e3 / res.throughput:.2f} ms per request of HTTP, JSON and event loop")
+
+    gpt = GPT(65, 64, 96, 4, 2, rng=0).eval()
+    lengths = np.minimum(np.random.default_rng(0).geometric(1 / 16, 48), 60)
+    gen = {}
+    for _ in range(args.repeats):
+        for label, policy, slots in (("one at a time", "continuous", 1), ("static, 8", "static", 8),
+                                     ("continuous, 8", "continuous", 8)):
+            r = generation(gpt, policy, slots, lengths)
+            if label not in gen or r[0] > gen[label][0]:
+                gen[label] = r
+    for label, (tps, steps, _) in gen.items():
+        print(f"generation, {label:14s}: {tps:7.0f} tokens/s, {steps} steps")
+    same = all(g[2] == gen["one at a time"][2] for g in gen.values())
+    print(f"  continuous / static: {gen['continuous, 8'][0] / gen['static, 8'][0]:.2f}x tokens/s, "
+          f"{gen['static, 8'][1] / gen['continuous, 8'][1]:.2f}x fewer steps; same tokens under all three: {same}")
+
+
+if __name__ == "__main__":
+    main()

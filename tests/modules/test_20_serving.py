@@ -1,0 +1,525 @@
+"""Module 20 (serving): `tinytorch.serving.server` and `tinytorch.serving.loadgen` over real HTTP.
+
+The pure parts are checked against small references on hypothesis-drawn inputs: `take_batch`
+against the rule "full or waited long enough", `AdmissionController` against a counter model,
+`time_average_in_system` against a direct integration of N(t) over the event times, and
+`ContinuousBatcher.step` by token identity (every sequence of a random workload, batched
+continuously or statically over a small paged pool, gets exactly the tokens `generate_cached`
+gives it alone) and pool consistency. The server is driven with httpx: through
+`httpx.ASGITransport` (the app's own lifespan started) and once through a real uvicorn on an
+ephemeral 127.0.0.1 port: batched classification equals single, concurrent generations equal
+their solo runs (streamed or not), bad bodies get 4xx with a message while the server keeps
+serving, overload gets 503 with Retry-After at once, a shutdown drains requests in flight, and no
+thread, task or socket is left behind. Every loop is bounded and every request has a timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import deque
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinytorch.core.layers import Module
+from tinytorch.core.tensor import Tensor
+from tinytorch.models.gpt import GPT
+from tinytorch.perf.kv_cache import generate_cached
+from tinytorch.serving.loadgen import parse_metrics, poisson_arrivals, run_load
+from tinytorch.serving.server import (AdmissionController, BackgroundServer, ContinuousBatcher, RequestError,
+                                      Sequence, app_from_checkpoints, create_app, load_servable, mlp_classifier,
+                                      parse_generate_request, save_servable, take_batch, time_average_in_system)
+
+pytestmark = pytest.mark.module("20")
+
+
+def run(coro, timeout=120):
+    "Run a coroutine on a fresh event loop, bounded in time."
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def tiny_gpt(seed=0, context=24):
+    return GPT(vocab_size=20, context_length=context, embed_dim=16, num_heads=2, num_layers=2, rng=seed).eval()
+
+
+class Slow(Module):
+    "A classifier that takes `seconds` per batch (sleeping releases the GIL, as BLAS does): a predictable service time."
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds, self.inner = seconds, mlp_classifier([4, 3], rng=0)
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.inner(x)
+
+
+class served:
+    "async with served(app) as client: the app's lifespan running, an httpx client on it in process."
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __aenter__(self):
+        self.life = self.app.router.lifespan_context(self.app)
+        await self.life.__aenter__()
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://testserver",
+                                        timeout=30)
+        return self.client
+
+    async def __aexit__(self, *exc):
+        await self.client.aclose()
+        await self.life.__aexit__(*exc)
+
+
+# ---------------------------------------------------------------- 20.1 take_batch
+
+@pytest.mark.exercise("20.1", "take_batch")
+@settings(max_examples=60, deadline=None)
+@given(gaps=st.lists(st.floats(0, 1), max_size=12), size=st.integers(1, 6), wait=st.floats(0, 2), extra=st.floats(0, 3))
+def test_take_batch_dispatches_when_full_or_waited(gaps, size, wait, extra):
+    arrivals = np.cumsum(gaps).tolist()
+    now = (arrivals[0] if arrivals else 0.0) + extra
+    pending = deque((t, i) for i, t in enumerate(arrivals))
+    before = list(pending)
+    got = take_batch(pending, size, wait, now)
+    should = bool(before) and (len(before) >= size or now - before[0][0] >= wait)
+    if should:
+        k = min(len(before), size)
+        assert got == before[:k], f"expected the oldest {k} pairs {before[:k]}; got {got}"
+        assert list(pending) == before[k:], "the rest must stay queued, in order"
+    else:
+        assert got == [] and list(pending) == before, f"expected [] and an unchanged queue; got {got}, {list(pending)}"
+
+
+# ---------------------------------------------------------------- 20.2 AdmissionController
+
+@pytest.mark.exercise("20.2", "AdmissionController.try_admit")
+@settings(max_examples=40, deadline=None)
+@given(bound=st.integers(1, 5), ops=st.lists(st.booleans(), max_size=40))
+def test_admission_controller_is_a_bounded_counter(bound, ops):
+    ac = AdmissionController(bound)
+    n = admitted = rejected = 0
+    for admit in ops:
+        if admit:
+            ok = ac.try_admit()
+            assert ok == (n < bound), f"with {n} of {bound} in the system try_admit must return {n < bound}"
+            n, admitted, rejected = n + ok, admitted + ok, rejected + (not ok)
+        elif n:
+            ac.release()
+            n -= 1
+        assert (ac.in_system, ac.admitted, ac.rejected) == (n, admitted, rejected)
+
+
+@pytest.mark.exercise("20.2", "AdmissionController.retry_after")
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 50), spr=st.floats(0, 3))
+def test_retry_after_rounds_up_and_is_at_least_one(n, spr):
+    ac = AdmissionController(60)
+    for _ in range(n):
+        ac.try_admit()
+    got = ac.retry_after(spr)
+    assert isinstance(got, int) and got == max(1, math.ceil(n * spr)), f"{n} x {spr}: expected {max(1, math.ceil(n * spr))}; got {got!r}"
+
+
+# ---------------------------------------------------------------- 20.3 parse_generate_request
+
+@pytest.mark.exercise("20.3", "parse_generate_request")
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": [1], "extra": 1}, "unknown field(s) ['extra']"),
+    ({"prompt": []}, "prompt must be a non-empty list of token ids in [0, 10)"),
+    ({"prompt": [0, 10]}, "prompt must be"),
+    ({"prompt": [False]}, "prompt must be"),
+    ({"prompt": "abc"}, "prompt must be"),
+    ({"prompt": [1], "max_new_tokens": 0}, "max_new_tokens must be an integer from 1 to 16; got 0"),
+    ({"prompt": [1], "max_new_tokens": True}, "max_new_tokens"),
+    ({"prompt": [1] * 20, "max_new_tokens": 13}, "too many tokens: the prompt's 20 + max_new_tokens 13 = 33 exceed the context of 32"),
+    ({"prompt": [1], "temperature": -0.5}, "temperature"),
+    ({"prompt": [1], "temperature": float("nan")}, "temperature"),
+    ({"prompt": [1], "top_k": 0}, "top_k"),
+    ({"prompt": [1], "seed": 1.5}, "seed"),
+    ({"prompt": [1], "stream": 1}, "stream"),
+])
+def test_generate_request_refusals(body, words):
+    with pytest.raises(RequestError) as e:
+        parse_generate_request(body, 10, 32, 16)
+    assert e.value.status == 422 and words in e.value.message, f"expected 422 containing {words!r}; got {e.value.status} {e.value.message!r}"
+
+
+@pytest.mark.exercise("20.3", "parse_generate_request")
+def test_generate_request_defaults_and_limits():
+    req = parse_generate_request({"prompt": [1, 2, 3], "max_new_tokens": 13}, 10, 16, 13)   # exactly the context
+    assert req["prompt"].dtype == np.int64 and req["prompt"].tolist() == [1, 2, 3]
+    assert (req["max_new_tokens"], req["temperature"], req["top_k"], req["seed"], req["stream"]) == (13, 0.0, None, None, False)
+    req = parse_generate_request({"prompt": [np.int64(4)], "max_new_tokens": 2, "temperature": 2, "top_k": 3, "seed": 0, "stream": True}, 10, 16, 8)
+    assert (req["temperature"], req["top_k"], req["seed"], req["stream"]) == (2.0, 3, 0, True)
+
+
+# ---------------------------------------------------------------- 20.4 ContinuousBatcher.step
+
+def workload(rng, n, vocab=20):
+    out = []
+    for i in range(n):
+        prompt = rng.integers(0, vocab, int(rng.integers(1, 9)))
+        kw = [dict(temperature=0), dict(temperature=1.0, seed=int(rng.integers(1000))),
+              dict(temperature=0.7, top_k=4, seed=int(rng.integers(1000)))][i % 3]
+        out.append((prompt, int(rng.integers(1, 12)), kw))
+    return out
+
+
+@pytest.mark.exercise("20.4", "ContinuousBatcher.step")
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**16), slots=st.integers(1, 4), blocks=st.integers(5, 16),
+       policy=st.sampled_from(["continuous", "static"]))
+def test_every_sequence_gets_its_solo_tokens(seed, slots, blocks, policy):
+    gpt = tiny_gpt(seed % 3)
+    rng = np.random.default_rng(seed)
+    reqs = workload(rng, 7)
+    cb = ContinuousBatcher(gpt, num_blocks=blocks, block_size=4, max_batch_size=slots, policy=policy)
+    for i, (prompt, n, kw) in enumerate(reqs):
+        cb.add(Sequence(i, prompt, n, **kw))
+    finished = []
+    for _ in range(500):
+        if not cb.waiting and not cb.running:
+            break
+        left = cb.step()
+        finished += left
+        owned = [b for table in cb.pool.block_tables.values() for b in table]
+        assert len(owned) == len(set(owned)) and len(owned) + cb.pool.num_free_blocks == blocks, "a block is lost or owned twice"
+        assert len(cb.running) <= slots and all(not s.done for s in cb.running), "running must hold only unfinished sequences"
+        assert all(s.id not in cb.pool.block_tables for s in left), "a sequence that left must have freed its blocks"
+    assert sorted(s.id for s in finished) == list(range(7)), "every sequence must finish exactly once"
+    for s in finished:
+        prompt, n, kw = reqs[s.id]
+        solo = generate_cached(gpt, prompt[None], n, **kw)[0, len(prompt):].tolist()
+        assert s.tokens == solo, f"sequence {s.id} {kw}: batched {s.tokens}, alone {solo}"
+    assert cb.pool.num_free_blocks == blocks
+
+
+@pytest.mark.exercise("20.4", "ContinuousBatcher.step")
+def test_continuous_keeps_slots_full_and_static_does_not():
+    gpt = tiny_gpt()
+    lengths = [1, 9, 2, 2, 2, 2]
+    runs = {}
+    for policy in ("continuous", "static"):
+        cb = ContinuousBatcher(gpt, num_blocks=24, block_size=4, max_batch_size=2, policy=policy)
+        for i, n in enumerate(lengths):
+            cb.add(Sequence(i, [1, 2], n))
+        cb.run_until_done()
+        runs[policy] = (cb.steps, list(cb.batch_sizes.values))
+    assert runs["continuous"][0] < runs["static"][0], f"continuous batching must need fewer steps; got {runs}"
+    cb = ContinuousBatcher(gpt, num_blocks=24, block_size=4, max_batch_size=3)
+    for i in range(3):
+        cb.add(Sequence(i, [1, 2, 3], 5))
+    calls = []
+    h = gpt.register_forward_pre_hook(lambda m, args: calls.append(np.shape(args[0])))
+    try:
+        cb.step()
+        calls.clear()
+        cb.step()
+    finally:
+        h.remove()
+    assert calls == [(3, 1)], f"a decode step of 3 sequences is one forward of ids (3, 1); got {calls}"
+
+
+# ---------------------------------------------------------------- 20.5 time_average_in_system
+
+@pytest.mark.exercise("20.5", "time_average_in_system")
+@settings(max_examples=40, deadline=None)
+@given(stays=st.lists(st.tuples(st.floats(0, 10), st.floats(0, 5)), min_size=1, max_size=15),
+       start=st.floats(-2, 8), length=st.floats(0.5, 6))
+def test_time_average_equals_integrating_n_of_t(stays, start, length):
+    a = np.array([s[0] for s in stays])
+    d = a + np.array([s[1] for s in stays])
+    end = start + length
+    # N(t) is piecewise constant between event times: integrate it exactly over the window
+    cuts = np.unique(np.clip(np.concatenate([a, d, [start, end]]), start, end))
+    mids = (cuts[:-1] + cuts[1:]) / 2
+    n_at = ((a[None, :] <= mids[:, None]) & (mids[:, None] < d[None, :])).sum(axis=1)
+    expected = float((n_at * np.diff(cuts)).sum() / length)
+    got = time_average_in_system(a, d, start, end)
+    assert np.isclose(got, expected, rtol=1e-9, atol=1e-12), f"expected {expected}; got {got}"
+
+
+# ---------------------------------------------------------------- the server over HTTP
+
+@pytest.mark.exercise("20.1", "take_batch")
+def test_batched_classification_equals_single():
+    model = mlp_classifier([64, 32, 10], rng=1)
+    xs = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)
+    app = create_app(classifier=model, input_shape=(64,), max_batch_size=8, max_wait=0.02)
+
+    async def go():
+        async with served(app) as client:
+            rs = await asyncio.gather(*(client.post("/v1/classify", json={"input": x.tolist()}) for x in xs))
+            metrics = parse_metrics((await client.get("/metrics")).text)
+        return rs, metrics
+
+    rs, metrics = run(go())
+    assert [r.status_code for r in rs] == [200] * 24
+    sizes = app.state.serving.cls_batcher.batch_sizes
+    assert max(sizes.values) > 1, f"concurrent requests must share batches; batch sizes {list(sizes.values)}"
+    assert metrics['tinytorch_batch_size_count{endpoint="classify"}'] == sizes.count
+    for x, r in zip(xs, rs):
+        single = app.state.serving._run_classifier(x[None])[0]
+        got = np.array(r.json()["probabilities"])
+        assert r.json()["label"] == int(np.argmax(single)), "a request in a batch must get the label it gets alone"
+        np.testing.assert_allclose(got, single, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.exercise("20.4", "ContinuousBatcher.step")
+def test_concurrent_generations_equal_solo_runs_streamed_or_not():
+    gpt = tiny_gpt(1, context=32)
+    reqs = workload(np.random.default_rng(5), 6)
+    app = create_app(gpt=gpt, gen_max_batch_size=3, max_new_tokens_limit=16, block_size=4)
+
+    def body(prompt, n, kw, stream):
+        return {"prompt": prompt.tolist(), "max_new_tokens": n, "stream": stream, **kw}
+
+    async def go():
+        async with served(app) as client:
+            plain = asyncio.gather(*(client.post("/v1/generate", json=body(p, n, kw, False)) for p, n, kw in reqs))
+            streamed = asyncio.gather(*(client.post("/v1/generate", json=body(p, n, kw, True)) for p, n, kw in reqs))
+            return await plain, await streamed
+
+    plain, streamed = run(go())
+    for (prompt, n, kw), r, s in zip(reqs, plain, streamed):
+        solo = generate_cached(gpt, prompt[None], n, **kw)[0, len(prompt):].tolist()
+        assert r.status_code == 200 and r.json()["tokens"] == solo, f"{kw}: served {r.json()}, alone {solo}"
+        assert s.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in s.text.split("\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and [int(e.split('"token": ')[1].split(",")[0]) for e in events[:-1]] == solo
+
+
+@pytest.mark.exercise("20.3", "parse_generate_request")
+def test_bad_requests_get_4xx_and_the_server_keeps_serving():
+    app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), gpt=tiny_gpt(), vocab=list("abcdefghijklmnopqrst"),
+                     max_new_tokens_limit=8)
+    cases = [("/v1/classify", b"{not json", 400, "not valid JSON"),
+             ("/v1/classify", b"[1, 2]", 422, "JSON object"),
+             ("/v1/classify", b'{"input": [1, 2, 3]}', 422, "shape (3,) but the model expects (4,)"),
+             ("/v1/classify", b'{"input": [1, 2, 3, NaN]}', 422, "NaN"),
+             ("/v1/classify", b'{"inputs": [1, 2, 3, 4]}', 422, "unknown field"),
+             ("/v1/generate", b'{"prompt": [1, 50]}', 422, "[0, 20)"),
+             ("/v1/generate", b'{"prompt": [1], "max_new_tokens": 9}', 422, "from 1 to 8"),
+             ("/v1/generate", b'{"prompt": "abcdefghijklmnopqrst", "max_new_tokens": 8}', 422, "too many tokens"),
+             ("/v1/generate", b'{"prompt": "xyz!"}', 422, "does not know"),
+             ("/v1/generate", b"\xff\xfe", 400, "not valid JSON"),
+             ("/v1/generate", b"x" * (1 << 21), 413, "limit")]
+
+    async def go():
+        async with served(app) as client:
+            for path, content, status, words in cases:
+                r = await client.post(path, content=content)
+                assert r.status_code == status and words in r.json()["error"], \
+                    f"{path} {content[:40]!r}: expected {status} with {words!r}; got {r.status_code} {r.text[:200]}"
+            ok = await client.post("/v1/classify", json={"input": [1, 2, 3, 4]})
+            text = await client.post("/v1/generate", json={"prompt": "abc", "max_new_tokens": 4})
+            health = await client.get("/health")
+            return ok, text, health
+
+    ok, text, health = run(go())
+    assert ok.status_code == 200 and health.status_code == 200, "the server must keep serving after bad requests"
+    assert text.status_code == 200 and len(text.json()["text"]) == 4 and set(text.json()["text"]) <= set("abcdefghijklmnopqrst")
+
+
+@pytest.mark.exercise("20.2", "AdmissionController.try_admit")
+def test_overload_gets_503_with_retry_after_at_once():
+    app = create_app(classifier=Slow(0.1), input_shape=(4,), max_batch_size=1, max_wait=0.0, max_queue=2)
+
+    async def timed(client):
+        t0 = time.perf_counter()
+        r = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
+        return r, time.perf_counter() - t0
+
+    async def go():
+        async with served(app) as client:
+            return await asyncio.gather(*(timed(client) for _ in range(8)))
+
+    results = run(go())
+    codes = sorted(r.status_code for r, _ in results)
+    assert codes == [200, 200] + [503] * 6, f"2 places in the system: 2 answers and 6 refusals; got {codes}"
+    for r, seconds in results:
+        if r.status_code == 503:
+            assert int(r.headers["Retry-After"]) >= 1 and "overloaded" in r.json()["error"]
+            assert seconds < 0.09, f"a refusal must come at once, not after the queue ({seconds * 1e3:.0f} ms)"
+    st_ = app.state.serving
+    assert (st_.cls_admission.admitted, st_.cls_admission.rejected, st_.cls_admission.in_system) == (2, 6, 0)
+
+
+def _sockets():
+    import psutil
+
+    return len(psutil.Process().net_connections(kind="inet"))
+
+
+@pytest.mark.exercise("20.4", "ContinuousBatcher.step")
+def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
+    threads, sockets = set(threading.enumerate()), _sockets()
+    gpt = tiny_gpt(2, context=48)
+    app = create_app(classifier=Slow(0.3), input_shape=(4,), gpt=gpt, max_wait=0.0)
+    server = BackgroundServer(app)
+    with server:
+        assert server.url.startswith("http://127.0.0.1:")
+
+        async def go():
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                assert (await client.get("/health")).json()["status"] == "ok"
+                slow = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]})),
+                        asyncio.create_task(client.post("/v1/generate", json={"prompt": [1, 2], "max_new_tokens": 40}))]
+                for _ in range(200):                      # wait until both are inside the server
+                    if app.state.serving.meter.n == 2:
+                        break
+                    await asyncio.sleep(0.01)
+                stopper = threading.Thread(target=server.stop)
+                stopper.start()
+                done = await asyncio.gather(*slow)
+                for _ in range(3000):
+                    if not stopper.is_alive():
+                        break
+                    await asyncio.sleep(0.01)
+                return done
+
+        done = run(go())
+    assert [r.status_code for r in done] == [200, 200], f"requests in flight at shutdown must finish; got {[r.text for r in done]}"
+    assert len(done[1].json()["tokens"]) == 40
+    assert not server.thread.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health", timeout=2)
+    leaked = [t.name for t in set(threading.enumerate()) - threads]
+    assert not leaked, f"threads left behind: {leaked}"
+    assert _sockets() <= sockets, "sockets left open"
+
+
+def test_lifespan_shutdown_drains_and_cancels_every_task():
+    app = create_app(classifier=Slow(0.05), input_shape=(4,), gpt=tiny_gpt(), max_wait=0.0)
+    threads = set(threading.enumerate())
+
+    async def go():
+        before = asyncio.all_tasks()
+        life = app.router.lifespan_context(app)
+        await life.__aenter__()
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=30)
+        inflight = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]})) for _ in range(3)]
+        inflight.append(asyncio.create_task(client.post("/v1/generate", json={"prompt": [3], "max_new_tokens": 10})))
+        await asyncio.sleep(0.02)
+        await life.__aexit__(None, None, None)            # drains: waits for the four
+        late = await client.post("/v1/classify", json={"input": [1, 2, 3, 4]})
+        results = await asyncio.gather(*inflight)
+        await client.aclose()
+        others = [t for t in asyncio.all_tasks() - before if not t.done()]
+        return results, late, others
+
+    results, late, others = run(go())
+    assert [r.status_code for r in results] == [200] * 4, [r.text for r in results]
+    assert late.status_code == 503 and "shutting down" in late.json()["error"]
+    assert not others, f"tasks left running after shutdown: {others}"
+    assert not set(threading.enumerate()) - threads, "batcher threads left running after shutdown"
+
+
+def test_metrics_are_prometheus_text():
+    app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), gpt=tiny_gpt())
+
+    async def go():
+        async with served(app) as client:
+            await asyncio.gather(*(client.post("/v1/classify", json={"input": [1, 2, 3, 4]}) for _ in range(5)))
+            await client.post("/v1/generate", json={"prompt": [1], "max_new_tokens": 3})
+            await client.post("/v1/classify", content=b"{")
+            return await client.get("/metrics")
+
+    r = run(go())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = parse_metrics(r.text)
+    assert m['tinytorch_responses_total{endpoint="classify",code="200"}'] == 5
+    assert m['tinytorch_responses_total{endpoint="classify",code="400"}'] == 1
+    assert m["tinytorch_generated_tokens_total"] == 3 and m["tinytorch_requests_in_system"] == 0
+    assert m["tinytorch_arrivals_total"] == 7 and m["tinytorch_in_system_seconds_total"] > 0
+    for name in ('tinytorch_queue_length{endpoint="classify"}', 'tinytorch_request_latency_seconds{endpoint="classify",quantile="0.99"}',
+                 'tinytorch_batch_size{endpoint="generate",quantile="0.5"}'):
+        assert name in m, f"/metrics lacks {name}"
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        return
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert families["tinytorch_request_latency_seconds"].type == "summary"
+
+
+# ---------------------------------------------------------------- the load generator
+
+def test_poisson_arrivals_and_local_only():
+    t = poisson_arrivals(100.0, 20000, 1e9, seed=0)
+    gaps = np.diff(t)
+    assert abs(gaps.mean() - 0.01) < 0.0005 and abs(gaps.std() - 0.01) < 0.0005, "exponential gaps of mean 1/rate"
+    assert len(poisson_arrivals(100.0, 10_000, 1.0, seed=1)) < 150, "bounded by the duration"
+    with pytest.raises(ValueError, match="not on this machine"):
+        run(run_load("http://example.com:80", "/v1/classify", {}, rate=1, n_requests=1, duration=1))
+    with pytest.raises(ValueError, match="exactly one of"):
+        run(run_load("http://127.0.0.1:9", "/v1/classify", {}, n_requests=1, duration=1))
+
+
+@pytest.mark.exercise("20.5", "time_average_in_system")
+def test_littles_law_holds_between_server_metrics_and_client():
+    app = create_app(classifier=Slow(0.02), input_shape=(4,), max_batch_size=4, max_wait=0.005, max_queue=1000)
+
+    async def go():
+        async with served(app) as client:
+            return await run_load(client, "/v1/classify", {"input": [1, 2, 3, 4]}, rate=60, n_requests=90, duration=1.5, seed=3)
+
+    res = run(go())
+    assert res.ok.all() and len(res.status) > 40, res.report()
+    little = res.littles_law()
+    assert abs(little["ratio"] - 1) < 0.10, f"Little's law: server L vs client lambda x W differ by more than 10%:\n{res.report()}"
+    client_area = time_average_in_system(res.sent, res.done, 0.0, res.elapsed) * res.elapsed
+    assert np.isclose(client_area / res.window, little["lambda_W"], rtol=1e-9)
+    p = res.percentiles()
+    assert 0.02 <= p[50] <= p[95] <= p[99], p
+
+
+def test_closed_loop_never_overloads():
+    app = create_app(classifier=Slow(0.01), input_shape=(4,), max_batch_size=1, max_wait=0.0, max_queue=4)
+
+    async def go():
+        async with served(app) as client:
+            return await run_load(client, "/v1/classify", {"input": [1, 2, 3, 4]}, concurrency=4, n_requests=40, duration=5)
+
+    res = run(go())
+    assert (res.status == 200).all() and len(res.status) == 40, "4 clients never exceed 4 places: no 503"
+    assert res.throughput < 1 / 0.01 * 1.05, "one request at a time cannot beat 1 / service time"
+
+
+# ---------------------------------------------------------------- checkpoints a server starts from
+
+def test_servable_checkpoints_round_trip(tmp_path):
+    gpt, mlp = tiny_gpt(3), mlp_classifier([4, 8, 3], rng=2)
+    save_servable(tmp_path / "gpt.npz", gpt, vocab=list("abcdefghijklmnopqrst"))
+    save_servable(tmp_path / "mlp.npz", mlp, sizes=[4, 8, 3], input_shape=(4,))
+    g2, arch = load_servable(tmp_path / "gpt.npz")
+    assert arch["kind"] == "gpt" and arch["vocab"][:3] == ["a", "b", "c"]
+    ids = np.array([[1, 2, 3]])
+    assert np.array_equal(generate_cached(g2, ids, 5, temperature=0), generate_cached(gpt, ids, 5, temperature=0))
+    m2, arch = load_servable(tmp_path / "mlp.npz")
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_array_equal(m2(Tensor(x)).data, mlp(Tensor(x)).data)
+    app = app_from_checkpoints([tmp_path / "gpt.npz", tmp_path / "mlp.npz"])
+    assert app.state.serving.input_shape == (4,) and app.state.serving.vocab[0] == "a"
+    with pytest.raises(ValueError, match="sizes"):
+        save_servable(tmp_path / "x.npz", mlp)
+    spec = [["Conv2d", [1, 4, 3], {"padding": 1, "rng": 0}], ["BatchNorm2d", [4], {}], ["ReLU", [], {}],
+            ["MaxPool2d", [2], {}], ["Flatten", [], {}], ["Linear", [64, 10], {"rng": 1}]]
+    from tinytorch.serving.server import sequential_from_spec
+
+    cnn = sequential_from_spec(spec)
+    cnn.layers[1].running_mean.data[:] = [0.1, 0.2, 0.3, 0.4]      # a buffer travels with the parameters
+    save_servable(tmp_path / "cnn.npz", cnn.eval(), layers=spec, input_shape=(1, 8, 8))
+    c2, arch = load_servable(tmp_path / "cnn.npz")
+    x = np.random.default_rng(1).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    assert arch["kind"] == "sequential" and not c2.training
+    np.testing.assert_array_equal(c2(Tensor(x)).data, cnn(Tensor(x)).data)
+    with pytest.raises(ValueError, match="not servable"):
+        sequential_from_spec([["Evil", [], {}]])

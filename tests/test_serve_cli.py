@@ -1,0 +1,81 @@
+"""`tito serve`: a servable checkpoint served by a real `tito serve MODEL --port N` process on 127.0.0.1, driven by
+`tito serve bench`; Ctrl-C (SIGINT) drains a request in flight before the process exits. Bounded in time."""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from tito.main import app
+
+pytestmark = pytest.mark.module("20")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
+    from tinytorch.models.gpt import GPT
+    from tinytorch.serving.server import mlp_classifier, save_servable
+
+    save_servable(tmp_path / "digits.npz", mlp_classifier([64, 16, 10], rng=0), sizes=[64, 16, 10], input_shape=(64,))
+    save_servable(tmp_path / "gpt.npz", GPT(12, 48, 64, 4, 6, rng=0), vocab=list("abcdefghijkl"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "tito.main", "serve", str(tmp_path / "digits.npz"),
+                             str(tmp_path / "gpt.npz"), "--port", str(port), "--slots", "2"],
+                            env=python_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("tito serve did not answer /health within 30 s")
+        assert httpx.get(url + "/health", timeout=5).json()["models"] == ["classify", "generate"]
+        runner = CliRunner()
+        result = runner.invoke(app, ["serve", "bench", "--url", url, "--rate", "20", "--requests", "15", "--duration", "2"])
+        assert result.exit_code == 0 and "open loop at 20/s" in result.output and "Little's law" in result.output, result.output
+        result = runner.invoke(app, ["serve", "bench", "--url", url, "--endpoint", "generate", "--concurrency", "2",
+                                     "--requests", "4", "--tokens", "5"])
+        assert result.exit_code == 0 and "4 ok" in result.output, result.output
+        result = runner.invoke(app, ["serve", "bench", "--url", "http://example.com"])
+        assert result.exit_code == 2 and "127.0.0.1" in result.output
+        slow = {}
+        t = threading.Thread(target=lambda: slow.update(r=httpx.post(url + "/v1/generate", timeout=60,
+                                                                     json={"prompt": "abc", "max_new_tokens": 40})))
+        t.start()
+        deadline = time.perf_counter() + 10
+        while time.perf_counter() < deadline and t.is_alive():    # wait until the generation is inside the server
+            if "tinytorch_requests_in_system 1" in httpx.get(url + "/metrics", timeout=5).text:
+                break
+            time.sleep(0.005)
+        assert t.is_alive(), "the generation finished before the test could interrupt the server; make it longer"
+        proc.send_signal(signal.SIGINT)
+        t.join(60)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert slow["r"].status_code == 200 and len(slow["r"].json()["tokens"]) == 40, "the request in flight must be answered"
+    assert proc.returncode == 130 and "server stopped" in out, out
+
+
+def test_serve_refuses_a_file_that_is_not_servable(tmp_path):
+    bad = tmp_path / "x.npz"
+    bad.write_bytes(b"not a checkpoint")
+    result = CliRunner().invoke(app, ["serve", str(bad), "--port", "0"])
+    assert result.exit_code == 2 and "not a .npz archive" in result.output, result.output
