@@ -332,6 +332,22 @@ LATER = [  # realistic one-line bugs of modules 12 and 14-16 (their probes came 
              "all of s in the first factor (and s^1.5 in the product)", "16.4"),
     Mutation("16", COMP, "distillation_loss", "kl * ((1.0 - alpha) * T * T)",
              "kl * (1.0 - alpha)", "distillation without T^2", "16.5"),
+    Mutation("19", "perf/benchmark.py", "calibrate", "(1, 2, 5)", "(1, 2, 4)",
+             "loop sizes 1, 2, 4 instead of timeit's 1, 2, 5", "19.1"),
+    Mutation("19", "perf/benchmark.py", "calibrate", "float(duration)", "float(duration / number)",
+             "seconds per call returned instead of the loop's duration", "19.1"),
+    Mutation("19", "perf/benchmark.py", "bootstrap_median_ci", "size=(n_resamples, x.size)",
+             "size=(x.size, n_resamples)", "resamples laid out transposed (medians over the wrong axis)", "19.2"),
+    Mutation("19", "perf/benchmark.py", "bootstrap_median_ci", "[50 * (1 - confidence)", "[100 * (1 - confidence)",
+             "the whole tail probability cut from the low end", "19.2"),
+    Mutation("19", "perf/benchmark.py", "compare", "np.median(xb) / np.median(xa)", "np.median(xa) / np.median(xb)",
+             "the ratio inverted (slower reported as faster)", "19.3"),
+    Mutation("19", "perf/benchmark.py", "compare", "np.median(xa[ia], axis=1)", "np.median(xa[ib % xa.size], axis=1)",
+             "both runs resampled with the same indices", "19.3"),
+    Mutation("19", "perf/benchmark.py", "pareto_front", "np.any(no_worse & better, axis=0)",
+             "np.any(no_worse & better, axis=1)", "dominates and dominated swapped (wrong axis)", "19.4"),
+    Mutation("19", "perf/benchmark.py", "pareto_front", "np.any(c[:, None, :] < c[None, :, :], axis=2)",
+             "np.all(c[:, None, :] < c[None, :, :], axis=2)", "strictly better required in every objective", "19.4"),
 ]
 CATALOGUE = MUTATIONS + ISSUE_14 + LATER
 

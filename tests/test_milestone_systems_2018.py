@@ -1,0 +1,93 @@
+"""The 2018 systems milestone run end to end with this edition's tinytorch: its header and GOAL, the
+frozen inference copy it builds (the same function as the model it freezes), a `--quick` run that
+prints the before/after table, saves the Pareto plot and writes a module-19 result file a
+leaderboard accepts, and (marked slow) the full run meeting its target: at most 33% of the bytes, at
+most half the median latency at batch 1 and at batch 64 (upper end of the bootstrap interval of the
+ratio), at most one point of test accuracy lost."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tito import harness
+from tito import milestones as ms
+from tito.course import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "milestones" / "systems_2018.py"
+IS_STUDENT = Settings.load(ROOT).edition == "student"
+
+
+def ready_or_skip():
+    missing = ms.readiness(ROOT, ms.get(ROOT, "systems"))
+    if missing and IS_STUDENT:
+        pytest.skip(ms.explain(ROOT, missing, "the 2018 systems milestone"))
+    assert not missing, ms.explain(ROOT, missing)
+
+
+def run(*args, timeout=300):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("TITO_ROOT", None)
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_header_and_goal():
+    m = ms.get(ROOT, "2018")
+    assert (m.name, m.script, m.year) == ("systems", SCRIPT, 2018)
+    assert m.needs == tuple(f"{i:02d}" for i in range(1, 20)), m.needs
+    target = harness.Target.from_goal(m.target, m.goal)
+    assert [(c.op, c.threshold) for c in target.conditions] == [("<=", 0.33), ("<=", 0.5), ("<=", 0.5), ("<=", 0.01)]
+    assert target.conditions == harness.Target.parse(m.target).conditions and not target.compares
+
+
+def test_frozen_copy_computes_the_same_function():
+    ready_or_skip()
+    spec = importlib.util.spec_from_file_location("systems_2018", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    from tinytorch.core.activations import ReLU
+    from tinytorch.core.autograd import no_grad
+    from tinytorch.core.layers import Dropout, Linear, Sequential
+
+    g = np.random.default_rng(0)
+    model = Sequential(Linear(64, 20, bias=False, rng=g), ReLU(), Linear(20, 16, rng=g), ReLU(), Linear(16, 10, rng=g)).eval()
+    x = g.standard_normal((7, 64)).astype(np.float32)
+    with no_grad():
+        np.testing.assert_allclose(script.frozen(model)(x).data, model(x).data, rtol=1e-5, atol=1e-6)
+    assert sum(p.size for p in script.frozen(model).parameters()) == model.num_parameters()
+    with pytest.raises(TypeError, match="frozen: only Linear and ReLU layers can be frozen; got Dropout"):
+        script.frozen(Sequential(Linear(4, 4, rng=g), Dropout(0.1)))
+
+
+def test_quick_run_prints_the_table_saves_the_plot_and_a_result_file(tmp_path):
+    ready_or_skip()
+    from tinytorch.perf.benchmark import merge_leaderboard, read_results
+
+    out, results = tmp_path / "plots" / "systems.png", tmp_path / "systems.json"
+    proc = run("--quick", "--out", out, "--results", results)
+    assert proc.returncode in (0, 1), f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"  # --quick may miss
+    text = proc.stdout
+    for expected in ("profile of a batch-1 forward", "before / after", "median latency, batch 1", "p99 per call, batch 1",
+                     "throughput, batch 64", "Pareto front", "target: <= 33% bytes", "2018 systems:"):
+        assert expected in text, f"{expected!r} missing from the output:\n{text}"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    doc = read_results(results)
+    assert doc["submitter"] == "systems_2018" and {r["batch"] for r in doc["results"]} == {1, 64}
+    assert {"original", "optimized: distilled + frozen"} <= {r["model"] for r in doc["results"]}
+    assert len(merge_leaderboard([results])) == len(doc["results"])
+
+
+@pytest.mark.slow
+def test_full_run_meets_the_target(tmp_path):
+    ready_or_skip()
+    proc = run("--out", tmp_path / "systems.png")
+    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.count(": PASS") >= 4 and "smaller and faster, with confidence intervals: PASS" in proc.stdout
