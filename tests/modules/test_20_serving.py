@@ -523,3 +523,30 @@ def test_servable_checkpoints_round_trip(tmp_path):
     np.testing.assert_array_equal(c2(Tensor(x)).data, cnn(Tensor(x)).data)
     with pytest.raises(ValueError, match="not servable"):
         sequential_from_spec([["Evil", [], {}]])
+
+
+def test_a_failing_batching_rule_fails_the_waiting_requests_instead_of_hanging(monkeypatch):
+    # A student's unfinished take_batch raises in the batcher's loop: every waiting request gets that error at
+    # once (the notebook and the autograder would otherwise wait for their time limit), and the loop goes on.
+    from tinytorch.serving import server
+
+    def broken(*args, **kwargs):
+        raise NotImplementedError("take_batch is not written yet")
+
+    monkeypatch.setattr(server, "take_batch", broken)
+    batcher = server.DynamicBatcher(lambda xs: xs * 2, max_batch_size=4, max_wait=0.01)
+
+    async def go():
+        await batcher.start()
+        try:
+            first = await asyncio.gather(*(batcher.submit(np.ones(3, np.float32)) for _ in range(3)),
+                                         return_exceptions=True)
+            second = await asyncio.gather(batcher.submit(np.ones(3, np.float32)), return_exceptions=True)
+        finally:
+            await batcher.stop()
+        return first + second
+
+    t0 = time.perf_counter()
+    results = run(go(), timeout=20)
+    assert all(isinstance(r, NotImplementedError) for r in results), f"expected the batching rule's error, got {results}"
+    assert time.perf_counter() - t0 < 5, "the requests must fail at once, not after a timeout"

@@ -252,7 +252,16 @@ class DynamicBatcher:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = take_batch(self.pending, self.max_batch_size, self.max_wait, self.clock())
+            try:
+                batch = take_batch(self.pending, self.max_batch_size, self.max_wait, self.clock())
+            except Exception as e:   # a broken batching rule fails the waiting requests, never hangs them
+                while self.pending:
+                    _, (_, future) = self.pending.popleft()
+                    if not future.done():
+                        future.set_exception(e)
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             if not batch:
                 self._wake.clear()
                 timeout = None
