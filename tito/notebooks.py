@@ -521,6 +521,9 @@ def export(root: Path, notebook: Path | None = None, import_timeout: float = 120
         shutil.copy2(root / "pyproject.toml", stage / "pyproject.toml")
         if lib.exists():
             shutil.copytree(lib, stage / lib_rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # what this export starts from: only files nbdev changes here are moved into place, so an export
+        # running at the same time in another terminal (another module) never gets its files overwritten
+        before = generated_files_bytes(stage / lib_rel)
         for nb_file in notebooks:
             target = stage / nb_file.relative_to(root)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -537,8 +540,8 @@ def export(root: Path, notebook: Path | None = None, import_timeout: float = 120
             raise ExportError(f"nbdev could not export {what}; your package was not changed:\n{tail}",
                               [f"{lib_rel}.{m}" for m in map(_package_of, notebooks) if m])
 
-        old, new = generated_files_bytes(lib), generated_files_bytes(stage / lib_rel)
-        changed = sorted(rel for rel, data in new.items() if old.get(rel) != data)
+        new = generated_files_bytes(stage / lib_rel)
+        changed = sorted(rel for rel, data in new.items() if before.get(rel) != data)
         for rel in changed:
             if not rel.endswith(".py"):
                 continue
