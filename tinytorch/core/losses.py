@@ -75,7 +75,7 @@ class MSELoss(Loss):
 
         CONTRACT:
         - `p` and `t` (given below) are float Tensors in the same dtype.
-        - Unequal shapes never broadcast: raise ValueError("MSELoss: pred has shape (4, 1) but
+        - Unequal shapes never broadcast: a ValueError reading "MSELoss: pred has shape (4, 1) but
           target has shape (4,); the shapes must be equal (reshape one of them ...)").
         - No elements: ValueError("MSELoss: empty input ...") (the mean of nothing is undefined).
         - The result is a 0-d Tensor of `p`'s dtype.
