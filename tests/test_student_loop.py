@@ -308,3 +308,25 @@ def test_own_stub_called_back_by_an_earlier_module_is_not_blamed_on_it():
     earlier = nbs.CellResult(0, "t", "x", True, 3, status="not_implemented", function="Tensor.matmul",
                              traceback=tb.rsplit("Cell In[21]", 1)[0] + "File /e/tinytorch/core/tensor.py:600, in Tensor.matmul(self)\n")
     assert cell_reason(earlier, modules, "14") == "not implemented yet: Tensor.matmul (module 01, tinytorch/core/tensor.py)"
+
+
+def test_an_export_never_writes_back_a_file_another_export_changed_meanwhile(tmp_path, monkeypatch):
+    """Two terminals: while module 05 exports, module 02's export lands. The 05 export must move into place
+    only what nbdev changed in its own staging copy, not its stale copy of activations.py."""
+    from tests.test_notebooks import make_edition_copy
+    from tito import proc
+
+    edition = make_edition_copy(tmp_path / "edition")
+    live = edition / "tinytorch" / "core" / "activations.py"
+    landed = live.read_text() + "\n# written by the other terminal's export\n"
+    real_run = proc.run
+
+    def run_while_the_other_export_lands(args, **kw):
+        if "nbdev_export" in " ".join(map(str, args)):
+            live.write_text(landed)
+        return real_run(args, **kw)
+
+    monkeypatch.setattr(proc, "run", run_while_the_other_export_lands)
+    changed = nbs.export(edition, edition / "modules" / "05_dataloader" / "05_dataloader.ipynb")
+    assert live.read_text() == landed, f"the 05 export overwrote activations.py (it moved {changed} into place)"
+    assert "core/activations.py" not in changed
