@@ -153,6 +153,18 @@ def test_check_result_tolerances():
     assert comp.check_result(MATMUL, case, inputs, exact) == ""
     assert comp.check_result(MATMUL, case, inputs, exact + np.float32(0.0009)) == ""  # atol 1e-5 * k = 0.001
     assert "max abs error 0.002" in comp.check_result(MATMUL, case, inputs, exact + np.float32(0.002))
+    # large results: the relative part (1e-4 * |expected|) decides, not the absolute one
+    big = [inputs[0] * np.float32(100), inputs[1]]
+    exact = (big[0].astype(np.float64) @ big[1]).astype(np.float32)
+    assert comp.check_result(MATMUL, case, big, exact * np.float32(1 + 5e-5)) == ""
+    assert "outside the tolerance" in comp.check_result(MATMUL, case, big, exact * np.float32(1 + 2e-4))
+    # gelu_bias: |error| <= 1e-5 + 1e-4 * |expected|
+    gelu = comp.TASKS["elementwise"]
+    x, bias = np.array([[-20.0, 100.0]], np.float32), np.zeros(2, np.float32)  # gelu: about 0 and 100
+    exact = gelu.reference([x, bias]).astype(np.float32)
+    assert comp.check_result(gelu, (1, 2), [x, bias], exact + np.float32([0.9e-5, 0.009])) == ""
+    assert "index (0, 0)" in comp.check_result(gelu, (1, 2), [x, bias], exact + np.float32([2e-5, 0]))
+    assert "index (0, 1)" in comp.check_result(gelu, (1, 2), [x, bias], exact + np.float32([0, 0.02]))
     # the same inputs every time (fixed seed per shape), different ones per shape
     assert all(np.array_equal(x, y) for x, y in zip(inputs, MATMUL.inputs(case, 1)))
     assert MATMUL.inputs((5, 5, 5), 1)[0].shape == (5, 5)
@@ -211,6 +223,15 @@ def test_rerunning_merges_by_submission_name():
     board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
     assert [e["name"] for e in board["entries"]] == ["alice"]
     assert note.startswith("earlier entries were dropped: cpu was 'another CPU'")
+    # another thread count, NumPy version, core count or input list: dropped too
+    for key, value in (("threads", 4), ("numpy", "0.0"), ("cores", 999)):
+        other = json.loads(json.dumps(old))
+        other["machine"][key] = value
+        board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
+        assert [e["name"] for e in board["entries"]] == ["alice"] and note.startswith(f"earlier entries were dropped: {key} was")
+    other = {**json.loads(json.dumps(old)), "cases": [MATMUL.describe(c) for c in MATMUL.cases]}
+    board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
+    assert [e["name"] for e in board["entries"]] == ["alice"] and "measured on other inputs" in note
     with pytest.raises(comp.CourseError, match="holds task 'elementwise', not 'matmul'"):
         comp.merge({**old, "task": "elementwise"}, new)
 
