@@ -33,6 +33,7 @@ SUBMISSIONS = {
     "todo": "def matmul(a, b):\n    raise NotImplementedError\n",
     "importerr": "import tinytorch_no_such_module\n",
     "nofunc": "def matmul_v2(a, b):\n    return a @ b\n",
+    "othertask": "def gelu_bias(x, bias):\n    return x + bias\n",  # a kernel of --task elementwise
     "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
     "tamper": "import json\ndef matmul(a, b):\n    open('../error.json', 'w').write('{')\n    return a @ b\n",
     "segv": "import ctypes\ndef matmul(a, b):\n    return ctypes.string_at(0)\n",
@@ -108,6 +109,9 @@ def test_exceptions_and_import_errors_are_reported(board):
     assert reason(board, "todo") == f"not implemented yet: raised NotImplementedError at todo.py:2 for input {FIRST}"
     assert reason(board, "importerr") == ("import failed: ModuleNotFoundError: No module named "
                                           "'tinytorch_no_such_module' at importerr.py:1")
+    assert reason(board, "othertask") == ("import failed: LookupError: defines no function `matmul` (it defines: "
+                                          "gelu_bias); `gelu_bias` is the function of another task: run it with "
+                                          "--task elementwise")
     assert reason(board, "nofunc") == "import failed: LookupError: defines no function `matmul` (it defines: matmul_v2)"
     assert reason(board, "exits").startswith(f"the process exited with code 3 running on input {FIRST}")
 
