@@ -140,6 +140,15 @@ def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
         os.kill(pid, 0)
 
 
+def test_a_course_baseline_not_yet_exported_says_how_to_export(tmp_path):
+    """A student before `tito export 17`: the baseline's import fails with a way out, a submission's without."""
+    write(tmp_path, {"base": "from tinytorch.perf.no_such_module import blocked_matmul\n"})
+    runner = comp.Runner(MATMUL, CASES[:1], timeout=20, repeats=1)
+    assert runner.run("course", tmp_path / "base.py", "baseline")["reason"].endswith(
+        "; complete module 17 and run `tito export 17`")
+    assert "tito export" not in runner.run("mine", tmp_path / "base.py")["reason"]
+
+
 def test_a_kernel_limited_to_small_inputs_is_listed_unranked(tmp_path):
     write(tmp_path, {"fast": SUBMISSIONS["fast"], "_helper": SUBMISSIONS["_helper"]})
     runner = comp.Runner(MATMUL, CASES, timeout=20, repeats=1)

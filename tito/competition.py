@@ -239,7 +239,8 @@ class Runner:
             e = json.loads(err.read_text())
             at = f" at {e['where']}" if e.get("where") else ""
             if e["stage"] == "import":
-                return f"import failed: {e['error']}{at}"
+                return f"import failed: {e['error']}{at}" + (
+                    "; complete module 17 and run `tito export 17`" if kind != "submission" else "")
             verb = "raised" if e["stage"] == "results" else "raised while being timed:"
             why = f"{verb} {e['error']}{at} for input {self.task.describe(tuple(cases[e['case']]))}"
             if e["error"].startswith("NotImplementedError"):
