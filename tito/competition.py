@@ -221,11 +221,7 @@ class Runner:
                 code = proc.returncode
             except subprocess.TimeoutExpired:
                 code = None
-            except BaseException:
-                kill_group(proc.pid)
-                proc.wait()
-                raise
-            finally:
+            finally:  # a timeout, Ctrl-C or any other exception: the whole group goes
                 if proc.returncode is None:
                     kill_group(proc.pid)
                     proc.wait()
