@@ -350,6 +350,8 @@ def now() -> str:
 
 
 def cpu_model() -> str:
+    """The CPU's model name. Not tinytorch.perf.benchmark.cpu_model: that module is exported by module 19,
+    after this competition (module 17); this one also reads ARM's `Hardware`/`CPU model` lines."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith(("model name", "hardware", "cpu model")):
