@@ -140,6 +140,13 @@ def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
         os.kill(pid, 0)
 
 
+def test_the_timeout_covers_checking_and_timing_together(tmp_path):
+    """Each phase alone (a 2 s import, then fast calls) fits in 3.5 s; both together do not."""
+    write(tmp_path, {"slowimport": "import time\ntime.sleep(2.0)\ndef matmul(a, b):\n    return a @ b\n"})
+    entry = comp.Runner(MATMUL, CASES[:1], timeout=3.5, repeats=1).run("slowimport", tmp_path / "slowimport.py")
+    assert entry["status"] == "rejected" and entry["reason"].startswith("too slow: stopped after the 3.5 s limit")
+
+
 def test_a_course_baseline_not_yet_exported_says_how_to_export(tmp_path):
     """A student before `tito export 17`: the baseline's import fails with a way out, a submission's without."""
     write(tmp_path, {"base": "from tinytorch.perf.no_such_module import blocked_matmul\n"})
