@@ -33,6 +33,7 @@ SUBMISSIONS = {
     "todo": "def matmul(a, b):\n    raise NotImplementedError\n",
     "importerr": "import tinytorch_no_such_module\n",
     "nofunc": "def matmul_v2(a, b):\n    return a @ b\n",
+    "othertask": "def gelu_bias(x, bias):\n    return x + bias\n",  # a kernel of --task elementwise
     "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
     "tamper": "import json\ndef matmul(a, b):\n    open('../error.json', 'w').write('{')\n    return a @ b\n",
     "segv": "import ctypes\ndef matmul(a, b):\n    return ctypes.string_at(0)\n",
@@ -108,6 +109,9 @@ def test_exceptions_and_import_errors_are_reported(board):
     assert reason(board, "todo") == f"not implemented yet: raised NotImplementedError at todo.py:2 for input {FIRST}"
     assert reason(board, "importerr") == ("import failed: ModuleNotFoundError: No module named "
                                           "'tinytorch_no_such_module' at importerr.py:1")
+    assert reason(board, "othertask") == ("import failed: LookupError: defines no function `matmul` (it defines: "
+                                          "gelu_bias); `gelu_bias` is the function of another task: run it with "
+                                          "--task elementwise")
     assert reason(board, "nofunc") == "import failed: LookupError: defines no function `matmul` (it defines: matmul_v2)"
     assert reason(board, "exits").startswith(f"the process exited with code 3 running on input {FIRST}")
 
@@ -136,6 +140,22 @@ def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
         os.kill(pid, 0)
 
 
+def test_the_timeout_covers_checking_and_timing_together(tmp_path):
+    """Each phase alone (a 2 s import, then fast calls) fits in 3.5 s; both together do not."""
+    write(tmp_path, {"slowimport": "import time\ntime.sleep(2.0)\ndef matmul(a, b):\n    return a @ b\n"})
+    entry = comp.Runner(MATMUL, CASES[:1], timeout=3.5, repeats=1).run("slowimport", tmp_path / "slowimport.py")
+    assert entry["status"] == "rejected" and entry["reason"].startswith("too slow: stopped after the 3.5 s limit")
+
+
+def test_a_course_baseline_not_yet_exported_says_how_to_export(tmp_path):
+    """A student before `tito export 17`: the baseline's import fails with a way out, a submission's without."""
+    write(tmp_path, {"base": "from tinytorch.perf.no_such_module import blocked_matmul\n"})
+    runner = comp.Runner(MATMUL, CASES[:1], timeout=20, repeats=1)
+    assert runner.run("course", tmp_path / "base.py", "baseline")["reason"].endswith(
+        "; complete module 17 and run `tito export 17`")
+    assert "tito export" not in runner.run("mine", tmp_path / "base.py")["reason"]
+
+
 def test_a_kernel_limited_to_small_inputs_is_listed_unranked(tmp_path):
     write(tmp_path, {"fast": SUBMISSIONS["fast"], "_helper": SUBMISSIONS["_helper"]})
     runner = comp.Runner(MATMUL, CASES, timeout=20, repeats=1)
@@ -153,6 +173,18 @@ def test_check_result_tolerances():
     assert comp.check_result(MATMUL, case, inputs, exact) == ""
     assert comp.check_result(MATMUL, case, inputs, exact + np.float32(0.0009)) == ""  # atol 1e-5 * k = 0.001
     assert "max abs error 0.002" in comp.check_result(MATMUL, case, inputs, exact + np.float32(0.002))
+    # large results: the relative part (1e-4 * |expected|) decides, not the absolute one
+    big = [inputs[0] * np.float32(100), inputs[1]]
+    exact = (big[0].astype(np.float64) @ big[1]).astype(np.float32)
+    assert comp.check_result(MATMUL, case, big, exact * np.float32(1 + 5e-5)) == ""
+    assert "outside the tolerance" in comp.check_result(MATMUL, case, big, exact * np.float32(1 + 2e-4))
+    # gelu_bias: |error| <= 1e-5 + 1e-4 * |expected|
+    gelu = comp.TASKS["elementwise"]
+    x, bias = np.array([[-20.0, 100.0]], np.float32), np.zeros(2, np.float32)  # gelu: about 0 and 100
+    exact = gelu.reference([x, bias]).astype(np.float32)
+    assert comp.check_result(gelu, (1, 2), [x, bias], exact + np.float32([0.9e-5, 0.009])) == ""
+    assert "index (0, 0)" in comp.check_result(gelu, (1, 2), [x, bias], exact + np.float32([2e-5, 0]))
+    assert "index (0, 1)" in comp.check_result(gelu, (1, 2), [x, bias], exact + np.float32([0, 0.02]))
     # the same inputs every time (fixed seed per shape), different ones per shape
     assert all(np.array_equal(x, y) for x, y in zip(inputs, MATMUL.inputs(case, 1)))
     assert MATMUL.inputs((5, 5, 5), 1)[0].shape == (5, 5)
@@ -211,6 +243,15 @@ def test_rerunning_merges_by_submission_name():
     board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
     assert [e["name"] for e in board["entries"]] == ["alice"]
     assert note.startswith("earlier entries were dropped: cpu was 'another CPU'")
+    # another thread count, NumPy version, core count or input list: dropped too
+    for key, value in (("threads", 4), ("numpy", "0.0"), ("cores", 999)):
+        other = json.loads(json.dumps(old))
+        other["machine"][key] = value
+        board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
+        assert [e["name"] for e in board["entries"]] == ["alice"] and note.startswith(f"earlier entries were dropped: {key} was")
+    other = {**json.loads(json.dumps(old)), "cases": [MATMUL.describe(c) for c in MATMUL.cases]}
+    board, note = comp.merge(other, {**comp.new_board(runner), "entries": [_entry("alice", 0.5)]})
+    assert [e["name"] for e in board["entries"]] == ["alice"] and "measured on other inputs" in note
     with pytest.raises(comp.CourseError, match="holds task 'elementwise', not 'matmul'"):
         comp.merge({**old, "task": "elementwise"}, new)
 

@@ -30,7 +30,8 @@ def _error(exc: BaseException, file: str) -> dict:
     return {"error": last[:500], "where": where}
 
 
-def load(file: str, func: str):
+def load(file: str, func: str, others: dict | None = None):
+    """The submission's function `func`; `others` ({function: task}) names the task a misplaced kernel is for."""
     # the submission's folder goes last on sys.path: its helper modules (_helpers.py) import, while a
     # file there named like a real package (numpy.py) cannot shadow that package
     sys.path.append(str(Path(file).resolve().parent))
@@ -41,7 +42,10 @@ def load(file: str, func: str):
     fn = getattr(module, func, None)
     if not callable(fn):
         names = sorted(n for n in vars(module) if callable(vars(module)[n]) and not n.startswith("_"))
-        raise LookupError(f"defines no function `{func}`" + (f" (it defines: {', '.join(names)[:200]})" if names else ""))
+        hint = next((f"; `{n}` is the function of another task: run it with --task {t}"
+                     for n, t in (others or {}).items() if n != func and callable(vars(module).get(n))), "")
+        raise LookupError(f"defines no function `{func}`" + (f" (it defines: {', '.join(names)[:200]})" if names else "")
+                          + hint)
     return fn
 
 
@@ -57,7 +61,7 @@ def main() -> int:
 
     task = TASKS[job["task"]]
     try:
-        fn = load(job["file"], task.func)
+        fn = load(job["file"], task.func, {t.func: t.name for t in TASKS.values()})
     except BaseException as e:  # the submission's module: anything may come out of it
         (out / "error.json").write_text(json.dumps({"stage": "import", **_error(e, job["file"])}))
         return 0
