@@ -550,3 +550,32 @@ def test_a_failing_batching_rule_fails_the_waiting_requests_instead_of_hanging(m
     results = run(go(), timeout=20)
     assert all(isinstance(r, NotImplementedError) for r in results), f"expected the batching rule's error, got {results}"
     assert time.perf_counter() - t0 < 5, "the requests must fail at once, not after a timeout"
+
+
+def test_a_dead_batching_loop_fails_the_waiting_requests_and_stop_returns():
+    # Should the loop itself die (an error its handlers do not catch), the requests still waiting get a RuntimeError
+    # naming the cause at once, later submits are refused, and stop() returns instead of waiting for them forever.
+    from tinytorch.serving import server
+
+    class BrokenWindow:
+        values = ()
+
+        def add(self, value):
+            raise ArithmeticError("the loop's own bug")
+
+    batcher = server.DynamicBatcher(lambda xs: xs * 2, max_batch_size=4, max_wait=0.01)
+    batcher.service_times = BrokenWindow()   # raises after the batch ran, outside the handlers of a failing batch
+
+    async def go():
+        await batcher.start()
+        try:
+            first = await asyncio.gather(batcher.submit(np.ones(3, np.float32)), return_exceptions=True)
+            later = await asyncio.gather(batcher.submit(np.ones(3, np.float32)), return_exceptions=True)
+        finally:
+            await asyncio.wait_for(batcher.stop(), 5)
+        return first[0], later[0]
+
+    first, later = run(go(), timeout=20)
+    assert isinstance(first, RuntimeError) and "loop stopped" in str(first) and "ArithmeticError" in str(first), first
+    assert isinstance(later, RuntimeError) and "not running" in str(later), later
+    assert batcher.queue_length == 0
