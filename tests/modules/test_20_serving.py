@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from collections import deque
 import httpx
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tinytorch.core.layers import Module
@@ -82,6 +83,7 @@ class served:
 @pytest.mark.exercise("20.1", "take_batch")
 @settings(max_examples=60, deadline=None)
 @given(gaps=st.lists(st.floats(0, 1), max_size=12), size=st.integers(1, 6), wait=st.floats(0, 2), extra=st.floats(0, 3))
+@example(gaps=[0.0, 0.1, 0.1], size=8, wait=1.0, extra=1.0)   # the oldest has waited exactly max_wait: dispatch
 def test_take_batch_dispatches_when_full_or_waited(gaps, size, wait, extra):
     arrivals = np.cumsum(gaps).tolist()
     now = (arrivals[0] if arrivals else 0.0) + extra
@@ -227,6 +229,19 @@ def test_continuous_keeps_slots_full_and_static_does_not():
     assert calls == [(3, 1)], f"a decode step of 3 sequences is one forward of ids (3, 1); got {calls}"
 
 
+@pytest.mark.exercise("20.4", "ContinuousBatcher.step")
+def test_step_joins_decodes_and_leaves_in_order():
+    # step's EXAMPLE: 2 slots, prompts asking for 1, 3 and 2 tokens
+    cb = ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2)
+    for i, n in enumerate([1, 3, 2]):
+        cb.add(Sequence(i, [1, 2], n))
+    left = [[seq.id for seq in cb.step()] for _ in range(3)]
+    assert left == [[0], [], [1, 2]], (f"expected sequence 0 to leave after step 1 and sequences 1 then 2 (the order "
+                                       f"of `running`: joiners appended) after step 3; got {left}")
+    decoded = list(cb.batch_sizes.values)
+    assert decoded == [0, 1, 2], f"batch_sizes records the sequences decoded (running at the start of a step); got {decoded}"
+
+
 # ---------------------------------------------------------------- 20.5 time_average_in_system
 
 @pytest.mark.exercise("20.5", "time_average_in_system")
@@ -244,6 +259,18 @@ def test_time_average_equals_integrating_n_of_t(stays, start, length):
     expected = float((n_at * np.diff(cuts)).sum() / length)
     got = time_average_in_system(a, d, start, end)
     assert np.isclose(got, expected, rtol=1e-9, atol=1e-12), f"expected {expected}; got {got}"
+
+
+@pytest.mark.exercise("20.5", "time_average_in_system")
+@pytest.mark.parametrize("args, words", [
+    (([0.0, 1.0], [1.0], 0, 1), "must be 1-D arrays of the same length"),
+    ((np.zeros((2, 2)), np.zeros((2, 2)), 0, 1), "must be 1-D arrays of the same length"),
+    (([2.0], [1.0], 0, 3), "a departure precedes its arrival"),
+    (([0.0], [1.0], 2.0, 2.0), "is empty; end must be after start"),
+])
+def test_time_average_refuses_bad_input(args, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        time_average_in_system(*args)
 
 
 # ---------------------------------------------------------------- the server over HTTP
