@@ -606,3 +606,28 @@ def test_a_dead_batching_loop_fails_the_waiting_requests_and_stop_returns():
     assert isinstance(first, RuntimeError) and "loop stopped" in str(first) and "ArithmeticError" in str(first), first
     assert isinstance(later, RuntimeError) and "not running" in str(later), later
     assert batcher.queue_length == 0
+
+
+def test_a_dead_generation_loop_fails_the_waiting_generations_and_stop_returns():
+    from tinytorch.serving import server
+
+    class BrokenWindow:
+        values = ()
+
+        def add(self, value):
+            raise ArithmeticError("the loop's own bug")
+
+    engine = server.GenerationEngine(ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2))
+    engine.step_times = BrokenWindow()   # raises after the first step, outside the handler of a failing step
+
+    async def go():
+        await engine.start()
+        try:
+            got = await asyncio.gather(engine.generate([1, 2], 5), engine.generate([3], 4), return_exceptions=True)
+        finally:
+            await asyncio.wait_for(engine.stop(), 5)
+        return got
+
+    got = run(go(), timeout=20)
+    assert all(isinstance(g, RuntimeError) and "ArithmeticError" in str(g) for g in got), got
+    assert engine.queue_length == 0 and not engine.listeners
