@@ -68,8 +68,18 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
                                            max_new_tokens_limit=max_new_tokens, drain_timeout=drain_seconds)
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         _fail(str(e))
+    import socket
+
     import uvicorn
 
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)   # bound here, so that --port 0 can say which port it got
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as e:
+        sock.close()
+        _fail(f"cannot listen on 127.0.0.1:{port} ({e.strerror}); choose another port with --port N (0: any free port)")
+    port = sock.getsockname()[1]
     st = app_.state.serving
     served = [f"classifier {st.input_shape}" if st.classifier is not None else "",
               f"GPT (vocab {st.gpt.vocab_size}, context {st.gpt.context_length})" if st.gpt is not None else ""]
@@ -77,7 +87,7 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
     config = uvicorn.Config(app_, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=drain_seconds)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises the Ctrl-C it caught, after draining and shutting down
         typer.echo("server stopped (requests in flight were answered)")
         raise typer.Exit(130)
