@@ -79,3 +79,16 @@ def test_serve_refuses_a_file_that_is_not_servable(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     result = CliRunner().invoke(app, ["serve", str(bad), "--port", "0"])
     assert result.exit_code == 2 and "not a .npz archive" in result.output, result.output
+
+
+def test_serve_refuses_a_port_in_use_and_says_what_to_do(tmp_path):
+    from tinytorch.serving.server import mlp_classifier, save_servable
+
+    save_servable(tmp_path / "digits.npz", mlp_classifier([4, 3], rng=0), sizes=[4, 3], input_shape=(4,))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", str(tmp_path / "digits.npz"), "--port", str(port)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output and "--port N" in result.output, result.output

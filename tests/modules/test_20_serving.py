@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from collections import deque
 import httpx
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tinytorch.core.layers import Module
@@ -82,6 +83,7 @@ class served:
 @pytest.mark.exercise("20.1", "take_batch")
 @settings(max_examples=60, deadline=None)
 @given(gaps=st.lists(st.floats(0, 1), max_size=12), size=st.integers(1, 6), wait=st.floats(0, 2), extra=st.floats(0, 3))
+@example(gaps=[0.0, 0.1, 0.1], size=8, wait=1.0, extra=1.0)   # the oldest has waited exactly max_wait: dispatch
 def test_take_batch_dispatches_when_full_or_waited(gaps, size, wait, extra):
     arrivals = np.cumsum(gaps).tolist()
     now = (arrivals[0] if arrivals else 0.0) + extra
@@ -227,6 +229,19 @@ def test_continuous_keeps_slots_full_and_static_does_not():
     assert calls == [(3, 1)], f"a decode step of 3 sequences is one forward of ids (3, 1); got {calls}"
 
 
+@pytest.mark.exercise("20.4", "ContinuousBatcher.step")
+def test_step_joins_decodes_and_leaves_in_order():
+    # step's EXAMPLE: 2 slots, prompts asking for 1, 3 and 2 tokens
+    cb = ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2)
+    for i, n in enumerate([1, 3, 2]):
+        cb.add(Sequence(i, [1, 2], n))
+    left = [[seq.id for seq in cb.step()] for _ in range(3)]
+    assert left == [[0], [], [1, 2]], (f"expected sequence 0 to leave after step 1 and sequences 1 then 2 (the order "
+                                       f"of `running`: joiners appended) after step 3; got {left}")
+    decoded = list(cb.batch_sizes.values)
+    assert decoded == [0, 1, 2], f"batch_sizes records the sequences decoded (running at the start of a step); got {decoded}"
+
+
 # ---------------------------------------------------------------- 20.5 time_average_in_system
 
 @pytest.mark.exercise("20.5", "time_average_in_system")
@@ -244,6 +259,18 @@ def test_time_average_equals_integrating_n_of_t(stays, start, length):
     expected = float((n_at * np.diff(cuts)).sum() / length)
     got = time_average_in_system(a, d, start, end)
     assert np.isclose(got, expected, rtol=1e-9, atol=1e-12), f"expected {expected}; got {got}"
+
+
+@pytest.mark.exercise("20.5", "time_average_in_system")
+@pytest.mark.parametrize("args, words", [
+    (([0.0, 1.0], [1.0], 0, 1), "must be 1-D arrays of the same length"),
+    ((np.zeros((2, 2)), np.zeros((2, 2)), 0, 1), "must be 1-D arrays of the same length"),
+    (([2.0], [1.0], 0, 3), "a departure precedes its arrival"),
+    (([0.0], [1.0], 2.0, 2.0), "is empty; end must be after start"),
+])
+def test_time_average_refuses_bad_input(args, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        time_average_in_system(*args)
 
 
 # ---------------------------------------------------------------- the server over HTTP
@@ -550,3 +577,57 @@ def test_a_failing_batching_rule_fails_the_waiting_requests_instead_of_hanging(m
     results = run(go(), timeout=20)
     assert all(isinstance(r, NotImplementedError) for r in results), f"expected the batching rule's error, got {results}"
     assert time.perf_counter() - t0 < 5, "the requests must fail at once, not after a timeout"
+
+
+def test_a_dead_batching_loop_fails_the_waiting_requests_and_stop_returns():
+    # Should the loop itself die (an error its handlers do not catch), the requests still waiting get a RuntimeError
+    # naming the cause at once, later submits are refused, and stop() returns instead of waiting for them forever.
+    from tinytorch.serving import server
+
+    class BrokenWindow:
+        values = ()
+
+        def add(self, value):
+            raise ArithmeticError("the loop's own bug")
+
+    batcher = server.DynamicBatcher(lambda xs: xs * 2, max_batch_size=4, max_wait=0.01)
+    batcher.service_times = BrokenWindow()   # raises after the batch ran, outside the handlers of a failing batch
+
+    async def go():
+        await batcher.start()
+        try:
+            first = await asyncio.gather(batcher.submit(np.ones(3, np.float32)), return_exceptions=True)
+            later = await asyncio.gather(batcher.submit(np.ones(3, np.float32)), return_exceptions=True)
+        finally:
+            await asyncio.wait_for(batcher.stop(), 5)
+        return first[0], later[0]
+
+    first, later = run(go(), timeout=20)
+    assert isinstance(first, RuntimeError) and "loop stopped" in str(first) and "ArithmeticError" in str(first), first
+    assert isinstance(later, RuntimeError) and "not running" in str(later), later
+    assert batcher.queue_length == 0
+
+
+def test_a_dead_generation_loop_fails_the_waiting_generations_and_stop_returns():
+    from tinytorch.serving import server
+
+    class BrokenWindow:
+        values = ()
+
+        def add(self, value):
+            raise ArithmeticError("the loop's own bug")
+
+    engine = server.GenerationEngine(ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2))
+    engine.step_times = BrokenWindow()   # raises after the first step, outside the handler of a failing step
+
+    async def go():
+        await engine.start()
+        try:
+            got = await asyncio.gather(engine.generate([1, 2], 5), engine.generate([3], 4), return_exceptions=True)
+        finally:
+            await asyncio.wait_for(engine.stop(), 5)
+        return got
+
+    got = run(go(), timeout=20)
+    assert all(isinstance(g, RuntimeError) and "ArithmeticError" in str(g) for g in got), got
+    assert engine.queue_length == 0 and not engine.listeners

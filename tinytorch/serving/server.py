@@ -22,10 +22,10 @@ from ..perf.kv_cache import PagedKVCache
 
 # %% auto #0
 __all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
-           'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'DynamicBatcher',
-           'AdmissionController', 'BatchedPagedCache', 'Sequence', 'ContinuousBatcher', 'GenerationEngine',
-           'InSystemMeter', 'ServingState', 'create_app', 'BackgroundServer', 'mlp_classifier', 'sequential_from_spec',
-           'save_servable', 'load_servable', 'app_from_checkpoints', 'time_average_in_system']
+           'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'WorkerLoop',
+           'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence', 'ContinuousBatcher',
+           'GenerationEngine', 'InSystemMeter', 'ServingState', 'create_app', 'BackgroundServer', 'mlp_classifier',
+           'sequential_from_spec', 'save_servable', 'load_servable', 'app_from_checkpoints', 'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #errors
 class RequestError(Exception):
@@ -190,7 +190,55 @@ class LatencyWindow:
         return dict(zip(qs, np.percentile(np.asarray(self.values), [100 * q for q in qs]).tolist()))
 
 
-class DynamicBatcher:
+class WorkerLoop:
+    """What `DynamicBatcher` and `GenerationEngine` share (given): a loop task on the event loop that
+    runs the model on one worker thread. A subclass writes `_loop()`, `_busy()` (is a request still
+    waiting for its answer?) and `_fail_waiting(error)` (answer every such request with `error`).
+    If the loop itself dies (a bug: a failing batch only fails its own requests), the requests
+    still waiting get a `RuntimeError` at once instead of waiting forever."""
+
+    thread_name = "tinytorch-worker"
+    _task = _executor = _wake = None
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name)
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task.add_done_callback(self._loop_ended)
+
+    def _check_running(self, where: str) -> None:
+        if self._task is None or self._task.done():
+            raise RuntimeError(f"{where}: the {type(self).__name__} is not running (never started, stopped, "
+                               "or its loop failed); await start() first")
+
+    def _loop_ended(self, task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        error = RuntimeError(f"{type(self).__name__}: its loop stopped on {task.exception()!r}, so this request "
+                             "cannot be answered; fix the error and start it again")
+        error.__cause__ = task.exception()
+        self._fail_waiting(error)
+
+    async def stop(self) -> None:
+        "Finish every waiting request (fail them if the loop has died), then stop the loop and its thread."
+        if self._task is not None:
+            while self._busy() and not self._task.done():
+                self._wake.set()
+                await asyncio.sleep(0.001)
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:   # the loop died; _loop_ended has given its error to the waiting requests
+                pass
+            self._task = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+class DynamicBatcher(WorkerLoop):
     """Dynamic batching for a model that maps a batch `(B, ...)` to `(B, ...)` (given).
 
     `await submit(x)` queues one input and returns its row of `run_batch(stacked inputs)`. A loop
@@ -207,30 +255,9 @@ class DynamicBatcher:
         self.pending: deque = deque()
         self.batch_sizes = LatencyWindow()
         self.service_times = LatencyWindow()   # seconds per batch
-        self._wake = None
-        self._task = None
-        self._executor = None
+        self.in_service: list = []             # the batch the worker thread is computing
 
-    async def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinytorch-batch")
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        "Finish every queued request, then stop the loop and its thread."
-        while self.pending:
-            self._wake.set()
-            await asyncio.sleep(0.001)
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+    thread_name = "tinytorch-batch"
 
     @property
     def queue_length(self) -> int:
@@ -241,9 +268,19 @@ class DynamicBatcher:
         n = sum(self.batch_sizes.values)
         return sum(self.service_times.values) / n if n else 0.0
 
+    def _busy(self) -> bool:
+        return bool(self.pending or self.in_service)
+
+    def _fail_waiting(self, error) -> None:
+        waiting = [*self.in_service, *self.pending]
+        self.pending.clear()
+        self.in_service = []
+        for _, (_, future) in waiting:
+            if not future.done():
+                future.set_exception(error)
+
     async def submit(self, x: np.ndarray):
-        if self._task is None:
-            raise RuntimeError("DynamicBatcher.submit: the batcher is not running; await start() first")
+        self._check_running("DynamicBatcher.submit")
         future = asyncio.get_running_loop().create_future()
         self.pending.append((self.clock(), (x, future)))
         self._wake.set()
@@ -255,10 +292,7 @@ class DynamicBatcher:
             try:
                 batch = take_batch(self.pending, self.max_batch_size, self.max_wait, self.clock())
             except Exception as e:   # a broken batching rule fails the waiting requests, never hangs them
-                while self.pending:
-                    _, (_, future) = self.pending.popleft()
-                    if not future.done():
-                        future.set_exception(e)
+                self._fail_waiting(e)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -272,20 +306,25 @@ class DynamicBatcher:
                 except asyncio.TimeoutError:
                     pass
                 continue
-            xs = np.stack([x for _, (x, _) in batch])
+            self.in_service = batch
             t0 = time.perf_counter()
             try:
+                xs = np.stack([x for _, (x, _) in batch])
                 out = await loop.run_in_executor(self._executor, self.run_batch, xs)
+                if len(out) != len(batch):
+                    raise ValueError(f"DynamicBatcher: run_batch returned {len(out)} rows for a batch of "
+                                     f"{len(batch)} inputs; it must return one row per input")
             except Exception as e:   # a failing batch fails its requests, not the server
                 for _, (_, future) in batch:
                     if not future.done():
                         future.set_exception(e)
-                continue
-            self.service_times.add(time.perf_counter() - t0)
-            self.batch_sizes.add(len(batch))
-            for i, (_, (_, future)) in enumerate(batch):
-                if not future.done():
-                    future.set_result(out[i])
+            else:
+                self.service_times.add(time.perf_counter() - t0)
+                self.batch_sizes.add(len(batch))
+                for (_, (_, future)), row in zip(batch, out):
+                    if not future.done():
+                        future.set_result(row)
+            self.in_service = []
 
 # %% ../../modules/20_serving/20_serving.ipynb #admission
 class AdmissionController:
@@ -531,7 +570,7 @@ class ContinuousBatcher:
                            f"({len(self.waiting)} waiting, {len(self.running)} running)")
 
 # %% ../../modules/20_serving/20_serving.ipynb #gen-engine
-class GenerationEngine:
+class GenerationEngine(WorkerLoop):
     """The asyncio side of a `ContinuousBatcher` (given): `await generate(...)` or `async for` over
     `stream(...)`; one loop runs `step()` on a worker thread while requests arrive. New sequences are
     handed over only between steps, so the batcher is never touched by two threads at once."""
@@ -541,45 +580,36 @@ class GenerationEngine:
         self.inbox: list = []
         self.listeners: dict = {}
         self.step_times = LatencyWindow()
+        self.tokens_asked = LatencyWindow()   # new tokens per request
         self._next_id = 0
-        self._task = self._executor = self._wake = None
 
-    async def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinytorch-decode")
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+    thread_name = "tinytorch-decode"
 
-    async def stop(self) -> None:
-        "Finish every queued and running sequence, then stop the loop and its thread."
-        while self.inbox or self.listeners:
-            self._wake.set()
-            await asyncio.sleep(0.001)
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+    def _busy(self) -> bool:
+        return bool(self.inbox or self.listeners)
+
+    def _fail_waiting(self, error) -> None:
+        for _, queue, _ in self.listeners.values():
+            queue.put_nowait(error)
+        self.listeners.clear()
+        self.inbox.clear()
 
     @property
     def queue_length(self) -> int:
         return len(self.inbox) + len(self.batcher.waiting)
 
     def seconds_per_request(self) -> float:
-        "Mean step time x mean tokens per request, roughly the service time of one request."
-        steps = list(self.step_times.values)
-        return float(np.mean(steps)) * 16 if steps else 0.0
+        "Mean step time x mean new tokens asked per request, roughly the service time of one request."
+        if not self.step_times.values or not self.tokens_asked.values:
+            return 0.0
+        return float(np.mean(self.step_times.values)) * float(np.mean(self.tokens_asked.values))
 
     async def stream(self, prompt, max_new_tokens: int, temperature: float = 0.0, top_k=None, seed=None):
         "Yield the new token ids one at a time as the batcher produces them."
-        if self._task is None:
-            raise RuntimeError("GenerationEngine.stream: the engine is not running; await start() first")
+        self._check_running("GenerationEngine.stream")
         self._next_id += 1
         seq = Sequence(self._next_id, prompt, max_new_tokens, temperature, top_k, seed)
+        self.tokens_asked.add(seq.max_new_tokens)
         queue: asyncio.Queue = asyncio.Queue()
         self.listeners[seq.id] = (seq, queue, 0)
         self.inbox.append(seq)

@@ -34,14 +34,16 @@ app = typer.Typer(cls=_DefaultStart, no_args_is_help=True,
 
 
 def _serving(name: str):
-    "Module 20's package module `name` from this edition, or a CourseError that says how to get it."
-    root = find_root()
-    if sys.path[:1] != [str(root)]:
-        sys.path.insert(0, str(root))
+    "Module 20's package module `name` from this edition; without it, exit with an error that says how to get it."
     try:
+        root = find_root()
+        if sys.path[:1] != [str(root)]:
+            sys.path.insert(0, str(root))
         return __import__(f"tinytorch.serving.{name}", fromlist=["_"])
+    except CourseError as e:
+        _fail(str(e))
     except ImportError as e:
-        raise CourseError(f"tito serve needs module 20 (serving) exported ({e}); run `tito export 20`") from e
+        _fail(f"tito serve needs module 20 (serving) exported ({e}); run `tito export 20`")
 
 
 def _fail(message: str) -> None:
@@ -59,15 +61,25 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
           max_new_tokens: int = typer.Option(64, help="generation: the most tokens one request may ask for"),
           drain_seconds: float = typer.Option(30.0, help="how long shutdown waits for requests in flight")) -> None:
     """Serve MODEL(s) on 127.0.0.1:PORT until Ctrl-C (POST /v1/classify, /v1/generate; GET /health, /metrics)."""
+    server = _serving("server")
     try:
-        server = _serving("server")
         app_ = server.app_from_checkpoints(models, max_batch_size=max_batch_size, max_wait=max_wait_ms / 1000,
                                            max_queue=max_queue, gen_max_batch_size=slots, gen_max_queue=max_queue,
                                            max_new_tokens_limit=max_new_tokens, drain_timeout=drain_seconds)
-    except (CourseError, ValueError, OSError) as e:   # CheckpointError is a ValueError
+    except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         _fail(str(e))
+    import socket
+
     import uvicorn
 
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)   # bound here, so that --port 0 can say which port it got
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as e:
+        sock.close()
+        _fail(f"cannot listen on 127.0.0.1:{port} ({e.strerror}); choose another port with --port N (0: any free port)")
+    port = sock.getsockname()[1]
     st = app_.state.serving
     served = [f"classifier {st.input_shape}" if st.classifier is not None else "",
               f"GPT (vocab {st.gpt.vocab_size}, context {st.gpt.context_length})" if st.gpt is not None else ""]
@@ -75,7 +87,7 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
     config = uvicorn.Config(app_, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=drain_seconds)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises the Ctrl-C it caught, after draining and shutting down
         typer.echo("server stopped (requests in flight were answered)")
         raise typer.Exit(130)
@@ -95,10 +107,7 @@ def bench(url: str = typer.Option("http://127.0.0.1:8000", help="the server (127
     import httpx
     import numpy as np
 
-    try:
-        loadgen = _serving("loadgen")
-    except CourseError as e:
-        _fail(str(e))
+    loadgen = _serving("loadgen")
     if not rate and not concurrency:
         rate = [20.0]
     try:
