@@ -245,6 +245,23 @@ def test_compare_finds_a_clear_difference_with_an_interval_around_it(speedup, se
 
 
 @pytest.mark.exercise("19.3", "compare")
+@settings(max_examples=25, deadline=None)
+@given(na=st.integers(2, 40), nb=st.integers(2, 40), seed=st.integers(0, 2 ** 16),
+       conf=st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_compare_interval_equals_its_definition(na, nb, seed, conf):
+    g = np.random.default_rng(seed)
+    a, b = g.exponential(1.0, na) + 0.1, g.exponential(2.0, nb) + 0.1
+    gen = np.random.default_rng(seed + 1)
+    ia = gen.integers(0, na, size=(300, na))  # a's indices first, then b's
+    ib = gen.integers(0, nb, size=(300, nb))
+    want = np.percentile(np.median(b[ib], axis=1) / np.median(a[ia], axis=1), [50 * (1 - conf), 50 * (1 + conf)])
+    c = compare(a, b, confidence=conf, n_resamples=300, rng=seed + 1)
+    assert all(type(v) is float for v in (c.ratio, c.low, c.high, c.confidence))
+    np.testing.assert_allclose([c.low, c.high], want, err_msg=f"sizes {na}/{nb}, confidence {conf}: (low, high)")
+    assert c.confidence == conf
+
+
+@pytest.mark.exercise("19.3", "compare")
 def test_compare_finds_no_difference_between_samples_of_one_distribution():
     g = np.random.default_rng(1)
     verdicts = [compare(g.lognormal(0, 0.2, 30), g.lognormal(0, 0.2, 30), rng=k) for k in range(60)]
