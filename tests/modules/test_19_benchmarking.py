@@ -257,7 +257,10 @@ def test_compare_interval_equals_its_definition(na, nb, seed, conf):
     want = np.percentile(np.median(b[ib], axis=1) / np.median(a[ia], axis=1), [50 * (1 - conf), 50 * (1 + conf)])
     c = compare(a, b, confidence=conf, n_resamples=300, rng=seed + 1)
     assert all(type(v) is float for v in (c.ratio, c.low, c.high, c.confidence))
-    np.testing.assert_allclose([c.low, c.high], want, err_msg=f"sizes {na}/{nb}, confidence {conf}: (low, high)")
+    assert np.allclose([c.low, c.high], want, rtol=1e-9, atol=0), (
+        f"confidence {conf}, {na} and {nb} samples: expected (low, high) = ({want[0]:.6g}, {want[1]:.6g}), the "
+        f"percentiles {50 * (1 - conf):g} and {50 * (1 + conf):g} of the resampled ratios (a's indices drawn first, "
+        f"then b's); got ({c.low:.6g}, {c.high:.6g})")
     assert c.confidence == conf
 
 
