@@ -72,6 +72,9 @@ def test_calibrate_sequence_max_number_and_errors():
     clk = FakeClock()
     assert calibrate(clk.work(0.003), clock=clk, min_time=0.01) == (5, pytest.approx(0.015))
     clk = FakeClock()
+    got = calibrate(clk.work(0.125), clock=clk, min_time=0.25)  # exact in binary: 2 calls last exactly min_time
+    assert got == (2, 0.25), f"a loop lasting exactly min_time is long enough (at least min_time, as timeit's >= 0.2); expected (2, 0.25), got {got}"
+    clk = FakeClock()
     assert calibrate(clk.work(0.0), clock=clk, min_time=1.0, max_number=500)[0] == 500
     for bad in (0, -1.0, "1"):
         with pytest.raises(ValueError, match=r"calibrate: min_time must be a positive number of seconds; got"):
