@@ -3,36 +3,19 @@ meet its target (the CNN beats the MLP with fewer parameters, in under 60 s); wi
 it must train on a small folder in the CIFAR-10 python-batch format written by the test."""
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.milestone import MilestoneScript
 from tito import milestones as ms
-from tito.course import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "milestones" / "cnn_1998.py"
-IS_STUDENT = Settings.load(ROOT).edition == "student"
-
-
-def ready_or_skip():
-    missing = ms.readiness(ROOT, ms.get(ROOT, "cnn"))
-    if missing and IS_STUDENT:
-        pytest.skip(ms.explain(ROOT, missing, "the CNN milestone"))
-    assert not missing, ms.explain(ROOT, missing)
-
-
-def run(*args, timeout=300):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("TITO_ROOT", None)
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+MILESTONE = MilestoneScript(ROOT, "cnn", SCRIPT, "the CNN milestone")
+ready_or_skip, run = MILESTONE.ready_or_skip, MILESTONE.run
 
 
 def test_header_is_discovered():

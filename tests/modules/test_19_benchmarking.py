@@ -72,6 +72,9 @@ def test_calibrate_sequence_max_number_and_errors():
     clk = FakeClock()
     assert calibrate(clk.work(0.003), clock=clk, min_time=0.01) == (5, pytest.approx(0.015))
     clk = FakeClock()
+    got = calibrate(clk.work(0.125), clock=clk, min_time=0.25)  # exact in binary: 2 calls last exactly min_time
+    assert got == (2, 0.25), f"a loop lasting exactly min_time is long enough (at least min_time, as timeit's >= 0.2); expected (2, 0.25), got {got}"
+    clk = FakeClock()
     assert calibrate(clk.work(0.0), clock=clk, min_time=1.0, max_number=500)[0] == 500
     for bad in (0, -1.0, "1"):
         with pytest.raises(ValueError, match=r"calibrate: min_time must be a positive number of seconds; got"):
@@ -242,6 +245,26 @@ def test_compare_finds_a_clear_difference_with_an_interval_around_it(speedup, se
     assert c.verdict.startswith(f"A is {c.ratio:.2f}x faster than B (95% CI {c.low:.2f}-{c.high:.2f})")
     back = compare(b, a, rng=seed)
     assert back.high < 1 and back.verdict.startswith(f"A is {1 / back.ratio:.2f}x slower than B")
+
+
+@pytest.mark.exercise("19.3", "compare")
+@settings(max_examples=25, deadline=None)
+@given(na=st.integers(2, 40), nb=st.integers(2, 40), seed=st.integers(0, 2 ** 16),
+       conf=st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_compare_interval_equals_its_definition(na, nb, seed, conf):
+    g = np.random.default_rng(seed)
+    a, b = g.exponential(1.0, na) + 0.1, g.exponential(2.0, nb) + 0.1
+    gen = np.random.default_rng(seed + 1)
+    ia = gen.integers(0, na, size=(300, na))  # a's indices first, then b's
+    ib = gen.integers(0, nb, size=(300, nb))
+    want = np.percentile(np.median(b[ib], axis=1) / np.median(a[ia], axis=1), [50 * (1 - conf), 50 * (1 + conf)])
+    c = compare(a, b, confidence=conf, n_resamples=300, rng=seed + 1)
+    assert all(type(v) is float for v in (c.ratio, c.low, c.high, c.confidence))
+    assert np.allclose([c.low, c.high], want, rtol=1e-9, atol=0), (
+        f"confidence {conf}, {na} and {nb} samples: expected (low, high) = ({want[0]:.6g}, {want[1]:.6g}), the "
+        f"percentiles {50 * (1 - conf):g} and {50 * (1 + conf):g} of the resampled ratios (a's indices drawn first, "
+        f"then b's); got ({c.low:.6g}, {c.high:.6g})")
+    assert c.confidence == conf
 
 
 @pytest.mark.exercise("19.3", "compare")
