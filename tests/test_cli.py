@@ -131,6 +131,7 @@ def test_stubs_fail_naming_the_functions_to_fix(edition):
         assert f"not implemented yet: {fn}" in out, out
     assert "Traceback" not in out, "stubs must be reported as a line, not a traceback wall"
     assert re.search(r"notebook score 0/\d+", out)
+    assert "trusted checks" not in out, "the note on the autograder's own checks is for a run that passed"
 
 
 def test_reference_solution_completes_and_unlocks(edition):
@@ -443,6 +444,7 @@ def test_deleted_graded_cell_is_graded_as_released(edition):
     assert re.search(r"graded test cell Exercise 1\.2: Tensor\.__init__ \[[\w-]+\]: the graded test cell was deleted",
                      proc.output), proc.output
     assert f"notebook score {total:g}/{total:g}" in proc.output and "not implemented yet" not in proc.output
+    assert "inputs of its own (trusted checks)" in proc.output, "a passing run says the autograder checks more"
 
     proc = tito(edition, "module", "complete", "01")
     assert proc.returncode == 0, proc.output
