@@ -164,6 +164,10 @@ def test_constant_fold_on_known_graphs():
     np.testing.assert_allclose(acc.run_graph(f, xp)[0], fn(xp).data)
     f2 = acc.constant_fold(acc.trace(lambda p: 2.0 - p, xp))
     assert [n.op for n in f2.nodes] == ["sub"], "the 'constant' node of a reflected operand folds"
+    f3 = acc.constant_fold(acc.trace(lambda p: (p.sum(), w.sum() * 3.0), xp))
+    assert len(f3.nodes) == 1, f"only p.sum() reads the input; got\n{f3}"
+    np.testing.assert_allclose(acc.run_graph(f3, xp)[1], w.data.sum() * 3.0, err_msg=(
+        f"an output that was folded must name its new constant; outputs {f3.outputs}, constants {list(f3.constants)}"))
 
 
 @pytest.mark.exercise("17.3", "common_subexpression_elimination")
@@ -197,6 +201,18 @@ def test_fusion_groups_on_known_graphs():
     assert got == [["%0", "%1", "%2", "%3"]], f"two branches joined by an add form one tree; got {got}"
     fused = acc.fuse_elementwise(acc.trace(tree, X, Y))
     assert [n.op for n in fused.nodes] == ["fused"] and len(fused.nodes[0].body) == 4
+
+    def out_inside(p):
+        a = p * 2.0
+        return a, a.exp()
+    got = acc.fusion_groups(acc.trace(out_inside, X))
+    assert got == [], f"a graph output is needed outside any group: it cannot be fused inside one; got {got}"
+
+    def square(p):
+        a = p.exp()
+        return a * a
+    got = acc.fusion_groups(acc.trace(square, X))
+    assert got == [["%0", "%1"]], f"a * a is one use of a (one consumer node): exp and mul fuse; got {got}"
 
 
 # ----------------------------------------------------------------------------- code generation

@@ -205,11 +205,14 @@ def test_random_allocations_keep_the_pool_consistent(ops):
             pool.add_sequence(s)
             want[s] = 0
         before = (dict((k, list(v)) for k, v in pool.block_tables.items()), list(pool.free_blocks))
+        need = max(-(-n // 4) - len(before[0][s]), 0)
         try:
             new = pool.allocate(s, n)
             want[s] = max(want[s], n)
-            assert len(new) == max(-(-n // 4) - len(before[0][s]), 0)
+            assert new == before[1][::-1][:need], (f"allocate({s}, {n}) with free list {before[1]}: expected the "
+                                                   f"{need} block(s) free_blocks.pop() gives, {before[1][::-1][:need]}; got {new}")
         except RuntimeError as e:
+            assert need > len(before[1]), f"allocate({s}, {n}) needs {need} block(s) and {len(before[1])} are free: no refusal"
             assert "free a finished sequence or make the pool larger" in str(e)
             assert (pool.block_tables, pool.free_blocks) == before, "a refused allocation must change nothing"
         owned = [b for t in pool.block_tables.values() for b in t]
@@ -217,6 +220,18 @@ def test_random_allocations_keep_the_pool_consistent(ops):
         assert sorted(owned + pool.free_blocks) == list(range(10)), "every block is either free or owned once"
         for k, t in pool.block_tables.items():
             assert len(t) >= -(-want[k] // 4), f"sequence {k} needs {want[k]} slots, holds {len(t)} blocks"
+
+
+@pytest.mark.exercise("18.3", "PagedKVCache.allocate")
+def test_allocate_takes_an_exact_fit_and_reuses_freed_blocks_first():
+    pool = PagedKVCache(num_blocks=3, block_size=4, num_layers=1, num_heads=1, head_dim=1)
+    pool.add_sequence("a")
+    pool.add_sequence("b")
+    assert pool.allocate("a", 6) == [0, 1], "the free list is a stack: pop() hands out block 0 first"
+    assert pool.allocate("b", 4) == [2], "one block is missing and one is free: take it"
+    assert pool.allocate("a", 8) == [] and pool.free_blocks == [], "nothing missing: no refusal, even with no block free"
+    pool.free("a")
+    assert pool.allocate("b", 12) == [0, 1], "the blocks freed last are handed out first, in their table's order"
 
 
 @pytest.mark.exercise("18.3", "PagedKVCache.allocate")
@@ -366,6 +381,17 @@ def test_checkpointing_a_gpt_step_keeps_gradients_and_lowers_peak_memory():
         np.testing.assert_array_equal(c, a)
     plain, ckpt = peak_memory(lambda: step(False)), peak_memory(lambda: step(True))
     assert ckpt < 0.75 * plain, f"checkpointing 4 blocks should cut the step's peak memory: {ckpt:,} vs {plain:,} bytes"
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+def test_checkpoint_recomputes_with_gradients_on_under_no_grad():
+    from tinytorch.core.autograd import backward, no_grad
+    from tinytorch.perf.kv_cache import checkpoint
+    a = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    loss = checkpoint(lambda p: (p * p).sum(), a)
+    with no_grad():  # backward called with grad mode off: the recomputation must still record its graph
+        backward(loss)
+    np.testing.assert_array_equal(a.grad.data, 2 * a.data, err_msg="checkpoint's backward under no_grad")
 
 
 def test_checkpoint_errors_are_named():

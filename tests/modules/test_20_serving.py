@@ -143,6 +143,7 @@ def test_retry_after_rounds_up_and_is_at_least_one(n, spr):
     ({"prompt": [1] * 20, "max_new_tokens": 13}, "too many tokens: the prompt's 20 + max_new_tokens 13 = 33 exceed the context of 32"),
     ({"prompt": [1], "temperature": -0.5}, "temperature"),
     ({"prompt": [1], "temperature": float("nan")}, "temperature"),
+    ({"prompt": [1], "temperature": True}, "temperature"),
     ({"prompt": [1], "top_k": 0}, "top_k"),
     ({"prompt": [1], "seed": 1.5}, "seed"),
     ({"prompt": [1], "stream": 1}, "stream"),
@@ -240,6 +241,12 @@ def test_step_joins_decodes_and_leaves_in_order():
                                        f"of `running`: joiners appended) after step 3; got {left}")
     decoded = list(cb.batch_sizes.values)
     assert decoded == [0, 1, 2], f"batch_sizes records the sequences decoded (running at the start of a step); got {decoded}"
+    cb = ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2)
+    for i in range(4):
+        cb.add(Sequence(i, [1, 2], 3))
+    sizes = [(cb.step(), len(cb.running), len(cb.waiting))[1:] for _ in range(2)]
+    assert sizes == [(2, 2), (2, 2)], (f"2 slots, 4 sequences of 3 tokens: (running, waiting) after steps 1 and 2 must "
+                                       f"be (2, 2) twice (the running ones count against max_batch_size); got {sizes}")
 
 
 # ---------------------------------------------------------------- 20.5 time_average_in_system

@@ -14,8 +14,8 @@ folder (the repository's `tinytorch/`, `tests/` and the pytest configuration) an
 mutation there; `run_module_tests` runs `tests/modules/test_NN_*.py` against that copy in a fresh
 interpreter (the copy's `tests/conftest.py` puts the copy first on `sys.path`, and the harness checks
 that the copy's package is the one imported), optionally with PyTorch hidden as in a student edition.
-`MUTATIONS` holds a catalogue of realistic bugs for modules 06-09; the grading mutation suite can
-reuse the whole machinery.
+`MUTATIONS` holds a catalogue of realistic bugs for modules 06-09, 11 and 13; the grading mutation
+suite (tests/test_trusted.py, whose catalogue adds bugs of 06-20) reuses the whole machinery.
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def allocate(rng, rec):
     pool = _pool(num_blocks=5, block_size=4, num_layers=1, num_heads=1, head_dim=2)
     pool.add_sequence("a")
     pool.add_sequence("b")
-    steps = [("a", 6), ("a", 8), ("b", 1), ("a", 9), ("b", 12), ("a", 0), ("b", 4)]
+    steps = [("a", 6), ("a", 8), ("b", 1), ("a", 9), ("b", 8), ("b", 12), ("a", 0), ("b", 4)]  # b 8: exactly the last free block
     for i, (s, n) in enumerate(steps):
         rec.call(f"alloc{i}", pool.allocate, s, n)
         rec[f"state{i}"] = [dict(pool.block_tables), list(pool.free_blocks)]

@@ -56,6 +56,10 @@ def admission(rng, rec):
     rec.call("retry_type", lambda: type(big.retry_after(0.7)).__name__)
     empty = AdmissionController(1)
     rec.call("retry_empty", empty.retry_after, 5.0)
+    seven = AdmissionController(10)
+    for _ in range(7):
+        seven.try_admit()
+    rec.call("retry_up", lambda: [seven.retry_after(s) for s in (0.3, 0.2, 1.0, 0.01)])  # 2.1 -> 3, not 2
 
 
 @probe("20.3", messages=True)
@@ -80,7 +84,7 @@ def validate(rng, rec):
              {"prompt": [1], "max_new_tokens": 2.0}, {"prompt": [1] * 20, "max_new_tokens": 13},
              {"prompt": [1], "temperature": -1}, {"prompt": [1], "temperature": "hot"},
              {"prompt": [1], "top_k": 0}, {"prompt": [1], "seed": -3}, {"prompt": [1], "stream": "yes"},
-             {"prompt": [1] * 40}]
+             {"prompt": [1] * 40}, {"prompt": [1], "temperature": True}, {"prompt": [1], "temperature": float("nan")}]
     for i, obj in enumerate(cases):
         rec.call(f"case{i}", run, obj)
     v = int(rng.integers(5, 50))
@@ -157,6 +161,7 @@ def time_average(rng, rec):
     rec.call("precedes", f, [2.0], [1.0], 0, 3)
     rec.call("empty_window", f, [0.0], [1.0], 2.0, 2.0)
     rec.call("two_d", f, np.zeros((2, 2)), np.zeros((2, 2)), 0, 1)
+    rec.call("zero_stay", f, [1.0, 0.5], [1.0, 3.0], 0.0, 2.0)  # a request that leaves as it arrives
     for i in range(4):
         n = int(rng.integers(1, 40))
         a = rng.uniform(0, 10, n)
