@@ -104,10 +104,11 @@ def test_skip_bad_leaves_out_and_lists_what_it_could_not_merge(results):
 
 @pytest.mark.parametrize("content, says", [("{not json", "is not valid JSON"),
                                            ('{"schema": 1}', "is not a benchmark result file"),
-                                           ("[1, 2]", "not a result file")])
+                                           ("[1, 2]", "not a result file"),
+                                           (b"\xff\xfe", "is not a text file")])
 def test_an_invalid_file_is_refused_in_one_line(tmp_path, content, says):
     bad = tmp_path / "bad.json"
-    bad.write_text(content)
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
     result = run(bad)
     assert result.exit_code == 2 and says in result.output and str(bad) in result.output.replace("\n", ""), result.output
     assert "Traceback" not in result.output
@@ -123,3 +124,18 @@ def test_no_files_or_a_missing_path_exit_2(tmp_path):
 def test_a_sort_field_the_rows_lack_is_refused(results):
     result = run(results, "--sort", "p99_s")
     assert result.exit_code == 2 and "cannot sort by 'p99_s'" in result.output, result.output
+
+
+def test_out_never_overwrites_a_file_it_did_not_write(results):
+    before = (results / "ada.json").read_text()
+    result = run(results, "--out", results / "ada")
+    assert result.exit_code == 2 and "is not a leaderboard this command wrote" in result.output, result.output
+    assert (results / "ada.json").read_text() == before
+
+
+def test_a_course_without_module_19_exported_says_how_to_get_it(results, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tinytorch.perf.benchmark", None)   # import fails as in an edition without it
+    result = run(results)
+    assert result.exit_code == 2 and "complete module 19 and run `tito export 19`" in result.output, result.output

@@ -82,6 +82,13 @@ def _is_leaderboard(path: Path) -> bool:
     return isinstance(doc, dict) and doc.get("kind") == KIND
 
 
+def _is_leaderboard_md(path: Path) -> bool:
+    try:
+        return path.is_file() and path.read_text(encoding="utf-8").startswith("# Leaderboard: ")
+    except (OSError, ValueError):
+        return False
+
+
 def _problem(bm, path: Path, workload: str, version: int, sort: str) -> str | None:
     "Why `path` cannot join the leaderboard (one line naming it), or None."
     try:
@@ -89,6 +96,8 @@ def _problem(bm, path: Path, workload: str, version: int, sort: str) -> str | No
     except (ValueError, OSError, TypeError) as e:
         if isinstance(e, OSError):
             msg = f"cannot read {path}: {e.strerror or e}"
+        elif isinstance(e, UnicodeDecodeError):
+            msg = f"{path} is not a text file ({e.reason} at byte {e.start}); was it written by write_results?"
         elif isinstance(e, TypeError):
             msg = f"{path}: cannot sort its rows by {sort!r} ({e})"
         else:
@@ -179,6 +188,10 @@ def leaderboard(
     if out.suffix in (".json", ".md"):
         out = out.with_suffix("")
     out_json, out_md = out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
+    for existing, ours in ((out_json, _is_leaderboard), (out_md, _is_leaderboard_md)):
+        if existing.exists() and not ours(existing):
+            raise CourseError(f"--out {out}: {existing} exists and is not a leaderboard this command wrote; "
+                              "choose another --out (nothing was overwritten)")
     files = collect(paths, exclude={out_json.resolve()})
     if not files:
         raise CourseError(f"no result files (*.json) in {', '.join(map(str, paths))}; pass the files written by "
