@@ -75,6 +75,10 @@ def test_files_sort_option_and_a_rerun_into_the_results_folder(results):
     again = run(results)    # the leaderboard written into the folder is not read as a result file
     assert again.exit_code == 0, again.output
     assert len(json.loads((results / "leaderboard.json").read_text())["rows"]) == 6
+    elsewhere = results.parent / "boards"
+    elsewhere.mkdir()
+    assert run(results / "ada.json", "--out", elsewhere).exit_code == 0   # a folder: FOLDER/leaderboard.json
+    assert (elsewhere / "leaderboard.json").is_file() and (elsewhere / "leaderboard.md").is_file()
 
 
 def test_another_workload_version_is_refused_naming_the_file(results):

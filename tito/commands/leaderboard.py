@@ -162,8 +162,9 @@ def markdown(bm, board: dict) -> str:
 @handle_errors
 def leaderboard(
     paths: list[Path] = typer.Argument(..., help="result files (JSON from write_results) or folders of them"),
-    out: Path = typer.Option(None, "--out", help="where to write PATH.json and PATH.md; default: leaderboard in "
-                             "the first folder given (or the first file's folder)"),
+    out: Path = typer.Option(None, "--out", help="where to write PATH.json and PATH.md (a folder: "
+                             "FOLDER/leaderboard.*); default: leaderboard in the first folder given (or the first "
+                             "file's folder)"),
     sort: str = typer.Option("median_s", "--sort", help="the row field to rank by (median_s, ci_high_s, p99_s, "
                              "accuracy, bytes, ...)"),
     descending: bool = typer.Option(False, "--descending", help="highest first (for accuracy)"),
@@ -185,7 +186,9 @@ def leaderboard(
     if out is None:
         first = paths[0]
         out = (first if first.is_dir() else first.parent) / "leaderboard"
-    if out.suffix in (".json", ".md"):
+    if out.is_dir():
+        out = out / "leaderboard"
+    elif out.suffix in (".json", ".md"):
         out = out.with_suffix("")
     out_json, out_md = out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
     for existing, ours in ((out_json, _is_leaderboard), (out_md, _is_leaderboard_md)):
