@@ -16,7 +16,7 @@ of test accuracy on the fixed 360-image split. It prints the before/after table,
 Pareto plot (accuracy, latency, size) and, with --results, a module-19 result file.
 
     tito milestone run systems [--epochs 15] [--hidden 64] [--distill-epochs 30] [--seed 0] [--quick]
-                               [--out PATH] [--results PATH]
+                               [--out PATH] [--results PATH [--submitter NAME]]
 """
 NAME = "systems"
 YEAR = 2018
@@ -44,6 +44,8 @@ def options(parser):
     parser.add_argument("--distill-epochs", type=int, default=None,
                         help="epochs of distillation (default 30; 10 with --quick)")
     parser.add_argument("--results", type=Path, default=None, help="also write a module-19 result file (JSON) here")
+    parser.add_argument("--submitter", default="systems_2018",
+                        help="the name the result file gives (a class leaderboard, `tito leaderboard`, shows it)")
 
 
 def frozen(model):
@@ -261,7 +263,7 @@ def main(argv=None) -> int:
 
     if args.results is not None:
         path = write_results(args.results, [result_row(at[b][n], batch=b, accuracy=r["accuracy"], bytes=r["bytes"])
-                                            for b in (1, 64) for n, r in zip(candidates, rows)], "systems_2018")
+                                            for b in (1, 64) for n, r in zip(candidates, rows)], args.submitter)
         print(f"wrote the result file {path}")
 
     costs = np.array([[r["lat64"], -r["accuracy"], r["bytes"]] for r in rows])

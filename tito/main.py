@@ -9,6 +9,7 @@
     tito guide build                                the lab guide (HTML book)
     tito doctor                                     is this machine ready?
     tito compete run DIR                            the kernel competition (module 17)
+    tito leaderboard FILES_OR_FOLDERS               merge module-19 result files into a class leaderboard
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import typer
 
 from tito import guide
 from tito.commands import check, compete, doctor, milestone, module, nbgrader, serve, student
+from tito.commands import leaderboard
 
 app = typer.Typer(help="TinyTorch course CLI: build, test and grade the modules.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -28,6 +30,7 @@ app.add_typer(guide.app, name="guide")
 app.add_typer(serve.app, name="serve")
 doctor.register(app)
 app.add_typer(compete.app, name="compete")
+leaderboard.register(app)
 
 
 if __name__ == "__main__":

@@ -377,6 +377,26 @@ def test_result_file_round_trip_and_machine_record(tmp_path):
     assert doc["results"] == json.loads(json.dumps(rows)) and doc["machine"] == json.loads(json.dumps(machine))
 
 
+def test_write_results_is_atomic(tmp_path, monkeypatch):
+    import tinytorch.perf.benchmark as bm
+
+    m = {"cpu_model": "test cpu", "git": None}
+    path = write_results(tmp_path / "me.json", [_row("fp32", 3e-5)], "me", machine=m)
+    before = path.read_text()
+
+    def crash(fd):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(bm.os, "fsync", crash)   # a crash half-way: the file must stay the old one
+    with pytest.raises(OSError, match="simulated"):
+        write_results(path, [_row("int8", 1e-5)], "me", machine=m)
+    assert path.read_text() == before, "write_results changed the result file in place; write a temporary file and os.replace it"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["me.json"], "write_results left a temporary file behind"
+    monkeypatch.undo()
+    write_results(path, [_row("int8", 1e-5)], "me", machine=m)
+    assert read_results(path)["results"][0]["model"] == "int8"
+
+
 def test_leaderboard_merges_sorts_and_refuses_another_workload_version(tmp_path):
     m = {"cpu_model": "test cpu", "git": {"commit": "abc", "dirty": False}}
     a = write_results(tmp_path / "a.json", [_row("fp32", 3e-5), _row("int8", 3e-4)], "ada", machine=m)

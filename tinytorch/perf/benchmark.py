@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -541,12 +542,28 @@ def result_row(result: BenchmarkResult, **metrics) -> dict:
 
 def write_results(path, rows, submitter: str, workload: str = WORKLOAD, workload_version: int = WORKLOAD_VERSION,
                   machine: dict | None = None) -> Path:
-    "Write a result file (JSON): the schema, workload and version, submitter, machine and rows."
+    "Write a result file (JSON, atomically): the schema, workload and version, submitter, machine and rows."
     doc = {"schema": RESULT_SCHEMA, "workload": workload, "workload_version": workload_version,
            "submitter": submitter, "machine": machine if machine is not None else machine_info(),
            "results": list(rows)}
     path = Path(path)
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    # Atomically: a temporary file beside `path`, then os.replace, so that a leaderboard collecting the
+    # folder never reads half a file, and an interrupted run leaves the old file as it was.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600: the result file gets a new file's usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     return path
 
 
