@@ -12,7 +12,7 @@ This script trains (in seconds) the 1998 milestone's digits CNN and a small 2017
 stories (or loads the GPT saved by an earlier run), saves both as servable checkpoints (for
 `tito serve`), and serves them with module 20's server in this process on 127.0.0.1 (httpx talks to
 the Starlette app in process). It drives the classifier with the open-loop load generator at
-rising rates, without batching and with dynamic batching, and reports the throughput each sustains
+rising rates (then bisects the knee), without batching and with dynamic batching, and reports the throughput each sustains
 within a p99 budget; it decodes a mix of chat-like generation requests one at a time, in static
 batches and with continuous batching, and checks that every request gets the same tokens under all
 three; it offers twice the batched capacity with admission control on and checks that every request
@@ -116,9 +116,29 @@ def train_gpt(seed, steps, log):
     return model.eval(), chars
 
 
-async def sweep(app, body, rates, seconds, budget, seed):
+def kept_up(point, budget) -> bool:
+    "A run within the p99 budget that refused nobody and kept up with its offered rate."
+    rate, tput, p50, p99, r = point
+    return p99 <= budget and r.rejected == 0 and tput >= 0.85 * rate
+
+
+def refine_rate(points, budget, closer: float = 1.15):
+    """The next rate to try between the highest rate that kept up and the lowest higher one that did not
+    (their geometric mean), or None when they are within `closer` of each other (or either is missing): a
+    capacity read off a coarse grid of rates is off by up to the grid's step (200/s and 400/s were neighbours)."""
+    good = [p[0] for p in points if kept_up(p, budget)]
+    if not good:
+        return None
+    bad = [p[0] for p in points if p[0] > max(good) and not kept_up(p, budget)]
+    if not bad or min(bad) / max(good) <= closer:
+        return None
+    return (max(good) * min(bad)) ** 0.5
+
+
+async def sweep(app, body, rates, seconds, budget, seed, refinements=3):
     """Open-loop runs at rising `rates` against `app` (in process) until one misses the budget or saturates, plus
-    one more past the knee for the plot. Returns [(rate, throughput, p50, p99, result)]."""
+    one more past the knee for the plot, then up to `refinements` runs bisecting the knee (`refine_rate`).
+    Returns [(rate, throughput, p50, p99, result)] in order of rate."""
     import httpx
 
     from tinytorch.serving.loadgen import run_load
@@ -127,23 +147,30 @@ async def sweep(app, body, rates, seconds, budget, seed):
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
             await run_load(client, "/v1/classify", body, rate=50, n_requests=25, duration=0.5, seed=seed)   # warm-up
-            past = 0
-            for rate in rates:
+            async def measure(rate):
                 r = await run_load(client, "/v1/classify", body, rate=rate, n_requests=int(rate * seconds) + 1,
                                    duration=seconds, seed=seed + int(rate), timeout=30)
                 p = r.percentiles()
                 points.append((rate, r.throughput, p[50], p[99], r))
-                if p[99] > budget or r.throughput < 0.85 * rate or r.rejected > 0:
+                return points[-1]
+
+            past = 0
+            for rate in rates:
+                if not kept_up(await measure(rate), budget):
                     past += 1
                     if past == 2:
                         break
-    return points
+            for _ in range(refinements):
+                rate = refine_rate(points, budget)
+                if rate is None:
+                    break
+                await measure(rate)
+    return sorted(points, key=lambda p: p[0])
 
 
 def capacity(points, budget) -> float:
     "The highest throughput of a run that kept its p99 within the budget, refused nobody and kept up with its rate."
-    ok = [tput for rate, tput, p50, p99, r in points if p99 <= budget and r.rejected == 0 and tput >= 0.85 * rate]
-    return max(ok, default=0.0)
+    return max((p[1] for p in points if kept_up(p, budget)), default=0.0)
 
 
 def main(argv=None) -> int:
@@ -182,7 +209,7 @@ def main(argv=None) -> int:
 
     # ---- classification: the knee, without and with dynamic batching
     body = {"input": test_x[0].tolist()}
-    rates = [25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600]
+    rates = [25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200]   # until two runs miss, then bisected
     curves = {}
     for label, size in (("unbatched", 1), ("dynamic batching", 32)):
         app = create_app(classifier=cnn, input_shape=(1, 8, 8), max_batch_size=size, max_wait=0.005, max_queue=100_000)

@@ -49,3 +49,33 @@ def test_quick_run_reports_every_measurement(tmp_path):
                   "target: in under 300 s", "saved plot"):
         assert words in text, f"the milestone's output lacks {words!r}:\n{text[-3000:]}"
     assert out.is_file() and (tmp_path / "serving_digits.npz").is_file()
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_milestone", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_capacity_is_bisected_between_grid_rates():
+    from types import SimpleNamespace
+
+    m = _script()
+    ok, refused = SimpleNamespace(rejected=0.0), SimpleNamespace(rejected=0.1)
+    # (rate, throughput, p50, p99, result): 200/s kept up, 400/s missed the 100 ms budget, 600/s fell behind
+    grid = [(100, 99.0, 0.01, 0.02, ok), (200, 197.0, 0.01, 0.05, ok), (400, 330.0, 0.2, 0.9, ok),
+            (600, 310.0, 0.5, 2.0, ok)]
+    assert abs(m.refine_rate(grid, 0.1) - (200 * 400) ** 0.5) < 1e-9, "the geometric mean of 200 and 400 is next"
+    assert m.capacity(grid, 0.1) == 197.0
+    more = grid + [(283, 280.0, 0.01, 0.08, ok), (336, 300.0, 0.05, 0.3, ok)]
+    assert abs(m.refine_rate(more, 0.1) - (283 * 336) ** 0.5) < 1e-9, "bisects between the new neighbours"
+    assert m.capacity(more, 0.1) == 280.0
+    assert m.refine_rate(more + [(308, 300.0, 0.01, 0.09, ok)], 0.1) is None, "stops within 15% (308 vs 336)"
+    # a run that refused requests or fell behind its rate does not count as kept up, even within the budget
+    assert m.refine_rate([(100, 99.0, 0.01, 0.02, refused), (200, 150.0, 0.01, 0.02, ok)], 0.1) is None
+    assert m.capacity([(100, 99.0, 0.01, 0.02, refused), (200, 150.0, 0.01, 0.02, ok)], 0.1) == 0.0
+    assert m.refine_rate([(100, 99.0, 0.01, 0.02, ok)], 0.1) is None, "nothing above the last good rate: no bisection"
+
