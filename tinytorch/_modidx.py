@@ -827,6 +827,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'tinytorch/perf/acceleration.py'),
                                              'tinytorch.perf.acceleration.optimize': ( '17_acceleration/acceleration.html#optimize',
                                                                                        'tinytorch/perf/acceleration.py'),
+                                             'tinytorch.perf.acceleration.relu_': ( '17_acceleration/acceleration.html#relu_',
+                                                                                    'tinytorch/perf/acceleration.py'),
                                              'tinytorch.perf.acceleration.run_graph': ( '17_acceleration/acceleration.html#run_graph',
                                                                                         'tinytorch/perf/acceleration.py'),
                                              'tinytorch.perf.acceleration.run_node': ( '17_acceleration/acceleration.html#run_node',
