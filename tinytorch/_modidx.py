@@ -481,6 +481,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor._notify': ('01_tensor/tensor.html#_notify', 'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor._owner': ('01_tensor/tensor.html#_owner', 'tinytorch/core/tensor.py'),
+                                       'tinytorch.core.tensor._versions_now': ( '01_tensor/tensor.html#_versions_now',
+                                                                                'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor.add_op_observer': ( '01_tensor/tensor.html#add_op_observer',
                                                                                   'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor.array_version': ( '01_tensor/tensor.html#array_version',

@@ -208,6 +208,15 @@ def saved_arrays(node: Node) -> list:
         arrays += [t.data for t in node.inputs if t is not None]
     return arrays
 
+def _versions_now(node: Node) -> tuple:
+    "The versions of `saved_arrays(node)`, in order (`array_version` of each, inlined: it runs per recorded op)."
+    get, versions = _VERSIONS.get, []
+    for a in saved_arrays(node):
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        versions.append(get(id(a), 0))
+    return tuple(versions)
+
 # ----- observers: every op result, in any grad mode, for profilers and tracers -----
 _OBSERVER_LIST: list = []   # registered observers, in order
 _OP_OBSERVERS: tuple = ()   # the ones `from_op` calls now (empty while an observer runs)
@@ -368,7 +377,7 @@ class Tensor:
                     if _OP_OBSERVERS:
                         _notify(node, out)
                     if _VERSIONS:  # some buffer was changed in place: remember what the rule's arrays were at
-                        node.versions = tuple(array_version(a) for a in saved_arrays(node))
+                        node.versions = _versions_now(node)
                     return out
         out.requires_grad = False
         out.grad_fn = None
