@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .tensor import (Node, Tensor, array_version, has_inplace_changes, is_grad_enabled, node_type,
-                                   saved_arrays, set_grad_enabled)
+from .tensor import Node, Tensor, is_grad_enabled, node_type, set_grad_enabled
+from .tensor import array_version, has_inplace_changes, saved_arrays
 
 # %% auto #0
 __all__ = ['BACKWARD_RULES', 'GELU_C', 'unbroadcast', 'add_backward', 'sub_backward', 'mul_backward', 'div_backward',
