@@ -758,3 +758,91 @@ def test_mean_and_var_of_integers_are_float32():
         assert got.dtype == np.float32, f"int tensor .{what} has dtype {got.dtype}; expected float32 (as int / int)"
         check_close(got, expected, fn="Tensor._reduce", what=f"int tensor .{what}", atol=1e-6)
     assert i.sum().dtype == np.int64, f"the sum of int64 stays int64; got {i.sum().dtype}"
+
+
+# ---------------------------------------------------------------------------------------------
+# In-place ops (given code): the same buffer, a version count, PyTorch's refusals
+# ---------------------------------------------------------------------------------------------
+def _torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def test_inplace_ops_change_the_buffer_count_versions_and_match_torch():
+    x = Tensor(np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32))
+    buf = x.data
+    assert x._version == 0, f"a new tensor has _version 0; got {x._version}"
+    steps = [("add_", lambda t: t.add_(1)), ("add_ alpha", lambda t: t.add_(2.0, alpha=0.5)),
+             ("sub_ row", lambda t: t.sub_(Tensor([1.0, 0.0, 1.0]))), ("mul_", lambda t: t.mul_(2)),
+             ("copy_", lambda t: t.copy_(np.arange(3, dtype=np.float64))), ("fill_", lambda t: t.fill_(7)),
+             ("zero_", lambda t: t.zero_())]
+    torch = _torch_or_none()
+    tx = None if torch is None else torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    torch_steps = [lambda t: t.add_(1), lambda t: t.add_(2.0, alpha=0.5), lambda t: t.sub_(torch.tensor([1.0, 0.0, 1.0])),
+                   lambda t: t.mul_(2), lambda t: t.copy_(torch.arange(3, dtype=torch.float64)), lambda t: t.fill_(7),
+                   lambda t: t.zero_()]
+    for k, ((name, step), tstep) in enumerate(zip(steps, torch_steps), 1):
+        assert step(x) is x, f"{name} must return the tensor itself"
+        assert x.data is buf and x.dtype == np.float32, f"{name} must change the same buffer, keeping float32"
+        assert x._version == k, f"after {k} in-place ops _version is {x._version}; expected {k}"
+        if tx is not None:
+            tstep(tx)
+            np.testing.assert_allclose(x.data, tx.numpy(), err_msg=f"{name}: values differ from torch's")
+            assert tx._version == x._version, f"{name}: torch counts version {tx._version}, we count {x._version}"
+
+
+def test_views_share_the_version_and_data_bypasses_it():
+    x = Tensor(np.ones((2, 3), np.float32))
+    views = [x.reshape(3, 2), x.T, x[0], x.detach(), x.transpose(0, 1)]
+    x.mul_(2)
+    views[0].add_(1)
+    assert [v._version for v in views] == [2] * 5 and x._version == 2, (
+        f"views share their base's count (as in torch): {[v._version for v in views]}, base {x._version}")
+    copy = x.clone()
+    copy.zero_()
+    assert x._version == 2 and copy._version == 1 and x.data[0, 0] == 3.0, "clone() has its own buffer"
+    x.data += 1  # writing to .data bypasses the counter, as in PyTorch
+    assert x._version == 2, f"x.data += 1 must not count; _version is {x._version}"
+
+
+def test_inplace_refusals_under_grad_mode_and_no_grad_allows_them():
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    for name, step in [("add_", lambda: w.add_(1)), ("mul_", lambda: w.mul_(2)), ("zero_", lambda: w.zero_()),
+                       ("copy_", lambda: w.copy_([0.0, 0.0]))]:
+        with pytest.raises(RuntimeError, match=rf"{name}: a leaf tensor that requires grad.*no_grad"):
+            step()
+    assert w._version == 0 and np.array_equal(w.data, [1.0, 2.0]), "a refused in-place op must change nothing"
+    h = w * 3
+    with pytest.raises(RuntimeError, match=r"mul_: this tensor is the result of MulBackward.*out-of-place.*no_grad"):
+        h.mul_(2)
+    plain = Tensor([1.0, 1.0])
+    with pytest.raises(RuntimeError, match=r"add_: the operand requires grad"):
+        plain.add_(w)
+    previous = set_grad_enabled(False)
+    try:
+        w.sub_(Tensor([0.5, 0.5]))
+        h.mul_(2)
+        plain.add_(w)
+    finally:
+        set_grad_enabled(previous)
+    assert np.array_equal(w.data, [0.5, 1.5]) and w._version == 1 and w.requires_grad, "under no_grad a leaf changes in place"
+    torch = _torch_or_none()
+    if torch is not None:  # torch refuses the same change of a leaf
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            torch.tensor([1.0, 2.0], requires_grad=True).add_(1)
+
+
+def test_inplace_bad_operands_name_the_problem():
+    x = Tensor(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"add_: an operand of shape \(4, 2, 3\) would change the shape \(2, 3\)"):
+        x.add_(np.ones((4, 2, 3)))
+    with pytest.raises(ValueError, match=r"mul_: shapes \(2, 3\) and \(2,\) cannot be broadcast"):
+        x.mul_(Tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"add_: the result would be float64 \(this tensor is int64"):
+        Tensor([1, 2]).add_(0.5)
+    with pytest.raises(ValueError, match=r"fill_: the value must be a single number"):
+        x.fill_([1.0, 2.0, 3.0])
+    assert x._version == 0, "a failed in-place op must not count"

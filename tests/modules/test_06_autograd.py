@@ -555,3 +555,129 @@ def test_speed_gelu_backward_against_a_vectorised_formula():
         f"{ref * 1e3:.3f} ms per call on a (16, 1024) float32 array); expected at most {GELU_SPEED_FACTOR}x: "
         f"a general power (x ** 3, np.power) costs many multiplications, a float64 detour doubles the memory "
         f"traffic, and tanh is worth computing once")
+
+
+# ---------------------------------------------------------------------------------------------
+# In-place changes of saved arrays: the version check (given code in backward, module 01 counts)
+# ---------------------------------------------------------------------------------------------
+def _torch_error(build):
+    "What torch does with the same program: the RuntimeError's message, '' if backward passed, None without torch."
+    torch = torch_or_none()
+    if torch is None:
+        return None
+    try:
+        build(torch).backward()
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def _torch_mul_operand(t):
+    a, b = t.tensor([1.0, 2, 3], requires_grad=True), t.tensor([4.0, 5, 6])
+    loss = (a * b).sum()
+    b.add_(1)
+    return loss
+
+
+def _torch_matmul_view(t):
+    a, w = t.tensor([1.0, 2, 3], requires_grad=True), t.ones(2, 3)
+    loss = (a @ w.T).sum()
+    w.mul_(2)
+    return loss
+
+
+def _torch_leaf_under_no_grad(t):
+    a = t.tensor([1.0, 2, 3], requires_grad=True)
+    loss = (a * a).sum()
+    with t.no_grad():
+        a.mul_(0.5)
+    return loss
+
+
+@pytest.mark.exercise("6.4", "backward")
+@pytest.mark.parametrize("case", ["mul operand", "matmul through a transposed view", "exp result",
+                                  "max input", "leaf changed under no_grad"])
+def test_inplace_change_of_a_saved_array_raises_like_torch(case):
+    a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    ref = None
+    if case == "mul operand":
+        b = Tensor([4.0, 5.0, 6.0])
+        loss = (a * b).sum()
+        b.add_(1)
+        node, shape, ref = "MulBackward", (3,), _torch_mul_operand
+    elif case == "matmul through a transposed view":
+        w = Tensor(np.ones((2, 3), np.float32))
+        loss = (a @ w.T).sum()
+        w.mul_(2)  # w.T is a view: it shares w's version
+        node, shape, ref = "MatmulBackward", (3, 2), _torch_matmul_view
+    elif case == "exp result":
+        y = a.exp()
+        loss = y.sum()
+        with no_grad():
+            y.mul_(2)
+        node, shape = "ExpBackward", (3,)
+    elif case == "max input":
+        h = a * 1.0
+        loss = h.max()
+        with no_grad():
+            h.sub_(1)
+        node, shape = "MaxBackward", (3,)
+    else:
+        loss = (a * a).sum()
+        with no_grad():
+            a.mul_(0.5)
+        node, shape, ref = "MulBackward", (3,), _torch_leaf_under_no_grad
+    with pytest.raises(RuntimeError) as info:
+        loss.backward()
+    msg = str(info.value)
+    for part in (node, str(shape), "version 1", "expected version 0", "lone it before the in-place change",
+                 "out-of-place"):
+        assert part in msg, f"{case}: the error must contain {part!r}; got: {msg}"
+    expected = None if ref is None else _torch_error(ref)
+    if expected is not None:  # the same program in torch raises the same error
+        assert "modified by an inplace operation" in expected and "is at version 1; expected version 0" in expected, (
+            f"{case}: torch gave {expected!r}")
+
+
+def _torch_add_operand(t):
+    a, b = t.tensor([1.0, 2, 3], requires_grad=True), t.tensor([4.0, 5, 6])
+    loss = ((a + b) * 2).sum()
+    b.add_(1)
+    return loss
+
+
+@pytest.mark.exercise("6.4", "backward")
+def test_legal_inplace_changes_keep_torchs_gradients():
+    "An operand of + or - that is changed afterwards (its rule needs no saved array): legal, as in torch."
+    a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = Tensor([4.0, 5.0, 6.0])
+    c = Tensor([1.0, 1.0, 1.0])
+    loss = ((a + b) * 2 - c).sum()
+    b.add_(1).mul_(3)
+    c.zero_()
+    loss.backward()
+    assert np.array_equal(a.grad.data, [2.0, 2.0, 2.0]), f"a.grad = {a.grad.data}; expected [2, 2, 2]"
+    assert b._version == 2 and c._version == 1, f"versions b={b._version} (expected 2), c={c._version} (expected 1)"
+    assert _torch_error(_torch_add_operand) in ("", None), "torch allows the same change"
+    # a change *before* the op is recorded is what the op sees: no error, the new values' gradient
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    s = Tensor([3.0, 4.0]).mul_(2)
+    (x * s).sum().backward()
+    assert np.array_equal(x.grad.data, [6.0, 8.0]), f"x.grad = {x.grad.data}; expected [6, 8]"
+
+
+@pytest.mark.exercise("6.4", "backward")
+def test_gradients_unchanged_while_versions_are_counted():
+    "With some buffer changed in place (so every record remembers versions), an MLP's gradients equal the plain ones."
+    def grads():
+        net = Sequential(Linear(4, 8, rng=0), ReLU(), Linear(8, 3, rng=1))
+        x = Tensor(np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4))
+        CrossEntropyLoss()(net(x), Tensor(np.array([0, 1, 2, 1, 0]))).backward()
+        return [p.grad.data.copy() for p in net.parameters()]
+
+    plain = grads()
+    keep = Tensor([1.0]).add_(1)  # a live buffer with version 1: records now store versions
+    assert keep._version == 1
+    counted = grads()
+    for p, q in zip(plain, counted):
+        assert np.array_equal(p, q), "gradients changed once in-place changes are counted"

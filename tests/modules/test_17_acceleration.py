@@ -480,3 +480,59 @@ def test_size_dispatch_uses_the_threshold():
     assert calls == ["small", "large"], f"8x8x8 = 512 multiply-adds is small, 9x8x8 large; got {calls}"
     t = acc.measure_threshold(acc.NumpyBackend(), acc.NumpyBackend(), sizes=(8, 16))
     assert t in (0, 8 ** 3, 16 ** 3), f"measure_threshold returns n^3 of a measured size or 0; got {t}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 17.8: relu_, an in-place ReLU for inference (and the version check it feeds)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("17.8", "relu_")
+@settings(max_examples=20, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), dtype=st.sampled_from([np.float32, np.float64]),
+       transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_relu_inplace_matches_torch_relu_(shape, dtype, transposed, seed):
+    data = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    base = Tensor(data.copy(), dtype=dtype)
+    t = base.T if transposed else base
+    buf, before = t.data, t._version
+    got = acc.relu_(t)
+    expected = np.maximum(data, 0)
+    assert got is t and t.data is buf, "relu_ must return the tensor itself and write into its own buffer"
+    assert t.dtype == dtype, f"relu_ changed the dtype from {np.dtype(dtype)} to {t.dtype}"
+    np.testing.assert_array_equal(base.data, expected, err_msg=f"relu_ on shape {tuple(shape)} "
+                                  f"({'a transposed view' if transposed else 'contiguous'}): wrong values in the base")
+    assert t._version == before + 1 and base._version == before + 1, (
+        f"relu_ must count one in-place change (the view shares its base's count); versions {t._version}, {base._version}")
+    if torch is not None:
+        ref = torch.tensor(data)
+        torch.relu_(ref.permute(*reversed(range(ref.ndim))) if transposed else ref)
+        np.testing.assert_array_equal(base.data, ref.numpy(), err_msg="relu_ differs from torch.relu_")
+        assert ref._version == base._version, f"torch counts version {ref._version}, relu_ gave {base._version}"
+
+
+@pytest.mark.exercise("17.8", "relu_")
+def test_relu_inplace_refusals_and_the_backward_error_like_torch():
+    from tinytorch.core.autograd import no_grad
+
+    w = Tensor([-1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot be changed in place"):
+        acc.relu_(w)
+    assert np.array_equal(w.data, [-1.0, 2.0]) and w._version == 0, "a refused relu_ must change nothing"
+    h = w * 2.0
+    with pytest.raises(RuntimeError, match="MulBackward"):
+        acc.relu_(h)
+    nan = Tensor([np.nan, -3.0])
+    acc.relu_(nan)
+    assert np.isnan(nan.data[0]) and nan.data[1] == 0, f"relu_([nan, -3]) gave {nan.data.tolist()}; torch keeps nan"
+    # relu_ of an array a matmul saved, under no_grad: backward raises, naming the node and both versions
+    x = Tensor([[-1.0, 2.0]])
+    loss = (x @ Tensor([[1.0], [1.0]], requires_grad=True)).sum()
+    with no_grad():
+        acc.relu_(x)
+    with pytest.raises(RuntimeError, match=r"MatmulBackward.*\(1, 2\).*version 1; expected version 0"):
+        loss.backward()
+    if torch is not None:
+        tx, tw = torch.tensor([[-1.0, 2.0]]), torch.ones(2, 1, requires_grad=True)
+        tloss = (tx @ tw).sum()
+        torch.relu_(tx)
+        with pytest.raises(RuntimeError, match="is at version 1; expected version 0"):
+            tloss.backward()

@@ -10,11 +10,12 @@ import math
 import numpy as np
 
 from .tensor import Node, Tensor, is_grad_enabled, node_type, set_grad_enabled
+from .tensor import array_version, has_inplace_changes, saved_arrays
 
 # %% auto #0
 __all__ = ['BACKWARD_RULES', 'GELU_C', 'unbroadcast', 'add_backward', 'sub_backward', 'mul_backward', 'div_backward',
-           'pow_backward', 'neg_backward', 'backward', 'matmul_backward', 'restore_reduced', 'sum_backward',
-           'mean_backward', 'max_backward', 'var_backward', 'reshape_backward', 'transpose_backward',
+           'pow_backward', 'neg_backward', 'check_saved_versions', 'backward', 'matmul_backward', 'restore_reduced',
+           'sum_backward', 'mean_backward', 'max_backward', 'var_backward', 'reshape_backward', 'transpose_backward',
            'permute_backward', 'identity_backward', 'astype_backward', 'getitem_backward', 'concatenate_backward',
            'stack_backward', 'exp_backward', 'log_backward', 'sqrt_backward', 'tanh_backward', 'abs_backward',
            'where_backward', 'masked_fill_backward', 'relu_backward', 'sigmoid_backward', 'gelu_backward',
@@ -111,13 +112,48 @@ BACKWARD_RULES = {
 }
 "Op name (as recorded by `Tensor.from_op`) -> backward rule `(grad, node) -> one gradient per input`; section 5 adds the other ops."
 
+# %% ../../modules/06_autograd/06_autograd.ipynb #autograd-version-check
+def check_saved_versions(tensor: Tensor) -> None:
+    """Raise RuntimeError if an array a node of `tensor`'s graph saved was changed in place since.
+
+    Walks the graph that `backward(tensor)` will walk and compares, for every node, the versions of
+    `saved_arrays(node)` now with those recorded with the op (`node.versions`; None means all 0).
+    Free when no buffer was ever changed in place. The message names the node type, the array's
+    shape and both versions, like PyTorch's "one of the variables needed for gradient computation
+    has been modified by an inplace operation".
+    """
+    if not has_inplace_changes():
+        return
+    seen, stack = set(), [tensor]
+    while stack:
+        node = stack.pop().grad_fn
+        if node is None or id(node) in seen or node.inputs is None:
+            continue
+        seen.add(id(node))
+        arrays = saved_arrays(node)
+        recorded = node.versions
+        for i, a in enumerate(arrays):
+            now = array_version(a)
+            then = recorded[i] if recorded is not None and i < len(recorded) else 0
+            if now != then:
+                which = next((f"input {k}" for k, t in enumerate(node.inputs) if t is not None and t.data is a),
+                             "its result or a saved array")
+                raise RuntimeError(
+                    f"backward: an array {type(node).__name__} saved for the gradient was changed by an in-place "
+                    f"operation: the {a.dtype} tensor of shape {a.shape} ({which} of {type(node).__name__}) is at "
+                    f"version {now}; expected version {then} (when the op saved it). Clone it before the in-place "
+                    f"change, or use the out-of-place op (`b = b * 2` instead of `b.mul_(2)`)")
+        stack.extend(t for t in node.inputs if t is not None and t.requires_grad)
+
+
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-backward
 def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
     """Reverse-mode differentiation: fill `.grad` of every leaf `tensor` depends on.
 
     `Tensor.backward` calls this function (the one extension point from module 01).
 
-    TODO (Exercise 6.4): the traversal. Leave the three checks of the contract in place, then:
+    TODO (Exercise 6.4): the traversal. Leave the checks before your code in place (the last one,
+    `check_saved_versions`, raises when an array a rule needs was changed in place), then:
 
     CONTRACT:
     - `grad` defaults to ones only for a one-element `tensor` (a loss); any other tensor without
@@ -157,6 +193,7 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
         grad = grad.data if isinstance(grad, Tensor) else np.asarray(grad, dtype=tensor.data.dtype)
         if grad.shape != tensor.shape:
             raise ValueError(f"backward: grad has shape {grad.shape} but the tensor has shape {tensor.shape}")
+    check_saved_versions(tensor)  # given: an array a rule needs was changed in place -> a clear error
     ### BEGIN SOLUTION
     order, visited, stack = [], set(), [(tensor, False)]
     while stack:
@@ -529,7 +566,7 @@ BACKWARD_RULES.update({
     "matmul": matmul_backward,
     "sum": sum_backward, "mean": mean_backward, "max": max_backward, "var": var_backward,
     "reshape": reshape_backward, "transpose": transpose_backward, "permute": permute_backward,
-    "contiguous": identity_backward, "astype": astype_backward, "getitem": getitem_backward,
+    "contiguous": identity_backward, "clone": identity_backward, "astype": astype_backward, "getitem": getitem_backward,
     "concatenate": concatenate_backward, "stack": stack_backward,
     "exp": exp_backward, "log": log_backward, "sqrt": sqrt_backward, "tanh": tanh_backward,
     "abs": abs_backward, "where": where_backward, "masked_fill": masked_fill_backward,

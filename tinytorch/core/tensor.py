@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import numbers
 import types
+import weakref
 
 import numpy as np
 
 # %% auto #0
-__all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'ObserverHandle', 'add_op_observer',
-           'observe_ops', 'Tensor', 'where', 'concatenate', 'stack']
+__all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'array_version', 'has_inplace_changes',
+           'saved_arrays', 'ObserverHandle', 'add_op_observer', 'observe_ops', 'Tensor', 'where', 'concatenate',
+           'stack']
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-broadcast-shape
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
@@ -89,6 +91,10 @@ class Node:
     - `saved`: what the op's backward rule needs (the operand arrays of `*`, the output of a
       sigmoid): a tuple, or a `Function`'s `ctx` (module 06).
     - `shape`, `dtype`: the output's.
+    - `versions`: None, or the versions (`array_version`) of `saved_arrays(node)` when the op was
+      recorded, if some buffer had been changed in place by then (None means all 0). Module 06's
+      `backward` compares them with the versions it finds, so that an in-place change to an array
+      the rule needs raises instead of giving a wrong gradient.
 
     Backward releases `inputs` and `saved` (sets them to None) once used; the rest stays. Each op
     gets its own subclass, its *node type*, so `type(t.grad_fn).__name__` names the op as in
@@ -97,13 +103,16 @@ class Node:
     table `BACKWARD_RULES` holds their rules.
     """
 
-    __slots__ = ("inputs", "saved", "attrs", "shape", "dtype")
+    __slots__ = ("inputs", "saved", "attrs", "shape", "dtype", "versions")
     op = "node"
     rule = None
+    reads_inputs = False   # True for ops whose rule reads its inputs' values through `inputs` (max, var)
+    ignores_saved = False  # True for ops whose rule uses nothing in `saved` (add, sub)
 
     def __init__(self, inputs: tuple, saved=(), attrs: dict | None = None, shape: tuple = (), dtype=None):
         self.inputs, self.saved, self.shape, self.dtype = inputs, saved, shape, dtype
         self.attrs = _NO_ATTRS if attrs is None else attrs
+        self.versions = None
 
     def __repr__(self) -> str:
         if self.inputs is None:
@@ -112,6 +121,12 @@ class Node:
 
 
 _NODE_TYPES: dict = {}
+# What the version check (module 06) looks at, per op: `+` and `-` save their operands but their
+# rules use neither (the gradient passes through), so changing an operand in place afterwards is
+# legal, as in PyTorch; the rules of max, var (module 06) and log_sum_exp (module 04) read their
+# input's values through `node.inputs`, so those inputs count as saved.
+_RULE_IGNORES_SAVED = frozenset({"add", "sub"})
+_READS_INPUT_VALUES = frozenset({"max", "var", "log_sum_exp"})
 
 
 def node_type(op, rule=None) -> type:
@@ -126,7 +141,8 @@ def node_type(op, rule=None) -> type:
     cls = None if rule is not None else _NODE_TYPES.get(op)
     if cls is None:
         name = "".join(part[:1].upper() + part[1:] for part in op.split("_")) + "Backward"
-        body = {"__slots__": (), "op": op}
+        body = {"__slots__": (), "op": op, "reads_inputs": op in _READS_INPUT_VALUES,
+                "ignores_saved": op in _RULE_IGNORES_SAVED}
         if rule is not None:
             body["rule"] = staticmethod(rule)
         cls = type(name, (Node,), body)
@@ -134,6 +150,72 @@ def node_type(op, rule=None) -> type:
         _NODE_TYPES[cls if rule is not None else op] = cls
     return cls
 
+
+# ----- versions: how many in-place changes each buffer has seen -----
+# id of the array that owns a buffer -> number of in-place changes made through a Tensor's in-place
+# ops. Only buffers changed in place have an entry (removed when the buffer is freed), so the ops of
+# a program without in-place changes pay nothing for it. Counting per buffer, as PyTorch counts per
+# storage, makes every view (reshape, transpose, a slice, detach) share the count of its base.
+_VERSIONS: dict = {}
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    "The array that owns the memory of `a` (itself unless `a` is a view)."
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def array_version(a) -> int:
+    """How many in-place Tensor ops (`add_`, `mul_`, ...) have changed the buffer under array `a`.
+
+    0 for a buffer never changed in place (and for anything that is not an array). Writing to an
+    array directly (`t.data[0] = 1`, `t.data += 1`) is not counted, as `.data` is not in PyTorch.
+    """
+    if not _VERSIONS or not isinstance(a, np.ndarray):
+        return 0
+    return _VERSIONS.get(id(_owner(a)), 0)
+
+
+def _bump_version(a: np.ndarray) -> None:
+    "Count one in-place change of the buffer under `a`; its entry goes when the buffer is freed."
+    owner = _owner(a)
+    key = id(owner)
+    count = _VERSIONS.get(key)
+    if count is None:
+        count = 0
+        weakref.finalize(owner, _VERSIONS.pop, key, None)
+    _VERSIONS[key] = count + 1
+
+
+def has_inplace_changes() -> bool:
+    "True while some live buffer has been changed by an in-place op (module 06 skips its check otherwise)."
+    return bool(_VERSIONS)
+
+
+def saved_arrays(node: Node) -> list:
+    """The arrays `node`'s backward rule reads, whose in-place change would make its gradient wrong.
+
+    The NumPy arrays in `node.saved` (or in a `Function`'s `ctx.saved`) and, for op types whose rule
+    reads its inputs' values (`max`, `var`, `log_sum_exp`), the inputs' arrays. The rules of `add`
+    and `sub` use nothing they saved (the gradient passes through unchanged): none, so an in-place
+    change to their operands stays legal, as in PyTorch.
+    """
+    saved = node.saved
+    items = () if node.ignores_saved else saved if type(saved) is tuple else getattr(saved, "saved", ())
+    arrays = [a for a in items if isinstance(a, np.ndarray)]
+    if node.reads_inputs and node.inputs:
+        arrays += [t.data for t in node.inputs if t is not None]
+    return arrays
+
+def _versions_now(node: Node) -> tuple:
+    "The versions of `saved_arrays(node)`, in order (`array_version` of each, inlined: it runs per recorded op)."
+    get, versions = _VERSIONS.get, []
+    for a in saved_arrays(node):
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        versions.append(get(id(a), 0))
+    return tuple(versions)
 
 # ----- observers: every op result, in any grad mode, for profilers and tracers -----
 _OBSERVER_LIST: list = []   # registered observers, in order
@@ -210,6 +292,9 @@ class Tensor:
     Every operation returns its result through `Tensor.from_op`, which records how the result was
     made (`grad_fn`) whenever an input requires grad (module 06 walks those records backwards), and
     shows every result to the op observers, if any (`add_op_observer`).
+
+    In-place ops (`add_`, `sub_`, `mul_`, `zero_`, `fill_`, `copy_`: PyTorch's names, each returning
+    the tensor itself) change the buffer and count the change in `_version`.
     """
 
     __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_retains_grad", "__weakref__")
@@ -269,7 +354,9 @@ class Tensor:
 
         `op` is the op's name (or a node type, for a module-06 `Function`). `inputs` has one entry
         per operand: the input Tensor, or None for a constant. `saved` is whatever the op's
-        backward rule will need; `attrs` the op's own arguments by name (see `Node`). The record
+        backward rule will need (an input's array itself, never a copy, when the rule needs the
+        input: module 06's version check finds in-place changes through it); `attrs` the op's own
+        arguments by name (see `Node`). The record
         (`grad_fn`) is made only when grad mode is on, some input requires grad and the result
         is floating-point (a comparison never joins the graph); otherwise this is a fast wrapper
         (it skips `__init__`'s dtype policy: the op already produced the right dtype). Op
@@ -289,6 +376,8 @@ class Tensor:
                     node = out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, dtype)
                     if _OP_OBSERVERS:
                         _notify(node, out)
+                    if _VERSIONS:  # some buffer was changed in place: remember what the rule's arrays were at
+                        node.versions = _versions_now(node)
                     return out
         out.requires_grad = False
         out.grad_fn = None
@@ -372,10 +461,121 @@ class Tensor:
         "The same data (shared, not copied) as a new tensor that is cut from the graph."
         return Tensor.from_op(self.data, "detach", ())
 
+    def clone(self) -> "Tensor":
+        "A copy in a new buffer, recorded (its gradient flows back unchanged): change the copy in place freely."
+        return Tensor.from_op(self.data.copy(), "clone", (self,))
+
     def retain_grad(self) -> "Tensor":
         "Ask backward to keep `.grad` on this non-leaf tensor too (leaves always get one)."
         self._retains_grad = True
         return self
+
+    # ----- in-place ops (given): change the buffer itself, count the change -----
+    @property
+    def _version(self) -> int:
+        """How many in-place ops have changed this tensor's buffer (0 for a new one), as in PyTorch.
+
+        Counted per buffer: a view (`reshape`, `transpose`, a slice, `detach`) shares the count of
+        the tensor it looks into, as PyTorch's views share their base's counter. Assigning to
+        `t.data`, or writing into it (`t.data[0] = 1`, `t.data += 1`), bypasses the counter, as
+        `.data` does in PyTorch: a change made that way is invisible to backward's version check.
+        """
+        return array_version(self.data)
+
+    def _inplace_operand(self, other, op: str):
+        """Check that `op` may change this tensor in place; return `other` as an array or number.
+
+        Refused while grad mode is on and the tensor requires grad: for a leaf (PyTorch refuses it
+        too) its gradient would belong to values it no longer holds; for a recorded result
+        TinyTorch does not rewrite the graph after an in-place change (PyTorch does). Refused too
+        when `other` requires grad: an in-place op is not recorded, so its gradient would be lost.
+        """
+        if _GRAD_ENABLED:
+            if self.requires_grad:
+                if self.grad_fn is None:
+                    raise RuntimeError(
+                        f"{op}: a leaf tensor that requires grad cannot be changed in place while grad mode is "
+                        f"on (PyTorch refuses it too): its gradient would be for values it no longer holds. "
+                        f"Change it under no_grad() (an initialisation, an optimizer step) or use the "
+                        f"out-of-place op")
+                raise RuntimeError(
+                    f"{op}: this tensor is the result of {type(self.grad_fn).__name__} and requires grad; "
+                    f"TinyTorch does not rewrite the graph after an in-place change of a recorded result "
+                    f"(PyTorch does): use the out-of-place op (`y = y * 2` instead of `y.mul_(2)`), or "
+                    f"no_grad() where no gradient is needed")
+            if isinstance(other, Tensor) and other.requires_grad:
+                raise RuntimeError(
+                    f"{op}: the operand requires grad, but an in-place op is not recorded, so its gradient "
+                    f"would be lost: use the out-of-place op, or no_grad() where no gradient is needed")
+        b = other.data if isinstance(other, Tensor) else other
+        if not isinstance(b, (int, float, bool)):
+            b = np.asarray(b)
+            if b.shape != self.shape and broadcast_shape(self.shape, b.shape, op) != self.shape:
+                raise ValueError(f"{op}: an operand of shape {b.shape} would change the shape {self.shape} of "
+                                 f"the tensor (an in-place op keeps the shape): use the out-of-place op")
+        return b
+
+    def _inplace(self, fn, other, op: str) -> "Tensor":
+        "Apply the ufunc `fn(self, other)` into this tensor's own buffer; count the change."
+        b = self._inplace_operand(other, op)
+        try:
+            fn(self.data, b, out=self.data, casting="same_kind")
+        except TypeError:  # NumPy's UFuncTypeError: e.g. a float result into an int buffer
+            raise TypeError(f"{op}: the result would be {np.result_type(self.data, b)} (this tensor is {self.dtype}, "
+                            f"the operand {np.asarray(b).dtype}), but an in-place op keeps the tensor's dtype: "
+                            f"use the out-of-place op") from None
+        except ValueError as e:
+            if "read-only" not in str(e):
+                raise
+            raise ValueError(f"{op}: this tensor's buffer is read-only (a broadcast view): clone() it first") from None
+        _bump_version(self.data)
+        return self
+
+    def add_(self, other, alpha=1) -> "Tensor":
+        "`self += alpha * other` in place (the same buffer); returns self. See `_inplace_operand` for when it is refused."
+        if alpha != 1:
+            other = (other.data if isinstance(other, Tensor) else np.asarray(other)) * alpha
+        return self._inplace(np.add, other, "add_")
+
+    def sub_(self, other, alpha=1) -> "Tensor":
+        "`self -= alpha * other` in place; returns self."
+        if alpha != 1:
+            other = (other.data if isinstance(other, Tensor) else np.asarray(other)) * alpha
+        return self._inplace(np.subtract, other, "sub_")
+
+    def mul_(self, other) -> "Tensor":
+        "`self *= other` in place; returns self."
+        return self._inplace(np.multiply, other, "mul_")
+
+    def fill_(self, value) -> "Tensor":
+        "Set every element to the number `value` in place (cast to this dtype, as in PyTorch); returns self."
+        return self._fill(value, "fill_")
+
+    def zero_(self) -> "Tensor":
+        "Set every element to 0 in place (gradient buffers are reset this way); returns self."
+        return self._fill(0, "zero_")
+
+    def _fill(self, value, op: str) -> "Tensor":
+        value = self._inplace_operand(value, op)
+        if np.ndim(value) != 0:
+            raise ValueError(f"{op}: the value must be a single number; got an array of shape {np.shape(value)} "
+                             f"(use copy_ to copy an array in)")
+        self._write(value, op)
+        return self
+
+    def copy_(self, src) -> "Tensor":
+        "Copy `src` (broadcast to this shape, cast to this dtype as in PyTorch) into this buffer; returns self."
+        self._write(self._inplace_operand(src, "copy_"), "copy_")
+        return self
+
+    def _write(self, value, op: str) -> None:
+        try:
+            np.copyto(self.data, value, casting="unsafe")
+        except ValueError as e:
+            if "read-only" not in str(e):
+                raise
+            raise ValueError(f"{op}: this tensor's buffer is read-only (a broadcast view): clone() it first") from None
+        _bump_version(self.data)
 
     def backward(self, grad=None, retain_graph: bool = False) -> None:
         """Compute the gradient of this tensor with respect to every leaf it was made from.

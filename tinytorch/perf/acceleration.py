@@ -26,7 +26,7 @@ __all__ = ['EAGER_OPS', 'ELEMENTWISE', 'FOLD_LIMIT', 'C_FLAGS', 'LINK_FLAGS', 'P
            'fusion_groups', 'fuse_elementwise', 'c_literal', 'c_expression', 'KernelCompileError', 'c_compiler',
            'kernel_cache_dir', 'build_c_kernel', 'kernel_source', 'chunk_elements', 'FusedKernel', 'optimize',
            'attach_kernels', 'CompiledFunction', 'compile', 'ComputeBackend', 'NumpyBackend', 'BlockedBackend',
-           'SizeDispatch', 'measure_threshold', 'current_backend', 'use_backend']
+           'SizeDispatch', 'measure_threshold', 'current_backend', 'use_backend', 'relu_']
 
 # %% ../../modules/17_acceleration/17_acceleration.ipynb #a006
 def cache_sizes() -> dict:
@@ -953,3 +953,29 @@ class use_backend:
 
 
 EAGER_OPS["matmul"] = lambda a, b: current_backend().matmul(a, b)
+
+# %% ../../modules/17_acceleration/17_acceleration.ipynb #acceleration-relu-inplace
+def relu_(t: Tensor) -> Tensor:
+    """ReLU in place, like `torch.relu_`: negative elements of `t` become 0 in `t`'s own buffer.
+
+    TODO (Exercise 17.8): clamp `t` at 0 without allocating a result of `t`'s size, and let the
+    version counter of module 01 see the change.
+
+    CONTRACT:
+    - Returns `t` itself; afterwards `t.data` is the same array object as before and holds
+      `max(t, 0)` elementwise (NaN stays NaN, as in PyTorch); the dtype is kept (float32, float64).
+    - The change is counted: `t._version` grows by exactly 1, so module 06's `backward` raises if
+      an op saved this buffer for its gradient.
+    - A view (a slice, a transpose) changes the tensor it looks into.
+    - While grad mode is on and `t` requires grad, raise the RuntimeError of module 01's in-place
+      ops ("... cannot be changed in place ...") and change nothing: use it under `no_grad()`.
+
+    EXAMPLE: `t = Tensor([-1.0, 2.0]); relu_(t) is t` -> True, and `t` is now `[0., 2.]`.
+
+    HINTS: module 01's in-place methods (`Tensor.mul_`, `Tensor.copy_`) already refuse what must be
+    refused and count the version; a comparison gives a boolean array that multiplies like 0/1.
+    """
+    ### BEGIN SOLUTION
+    return t.mul_(t.data > 0)
+    ### END SOLUTION
+

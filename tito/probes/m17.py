@@ -178,3 +178,30 @@ def block_size(rng, rec):
     rec.call("float64", lambda: [block_size_for(s, itemsize=8) for s in sizes])
     rec.call("float16", lambda: [block_size_for(s, itemsize=2) for s in sizes])
     rec.call("bad", block_size_for, 0)
+
+
+@probe("17.8")
+def relu_inplace(rng, rec):
+    from tinytorch.core.autograd import no_grad
+    from tinytorch.core.tensor import Tensor
+    from tinytorch.perf.acceleration import relu_
+
+    t = Tensor(f32(rng, 3, 4))
+    buf, before = t.data, t._version
+    out = rec.call("out", relu_, t)
+    rec["same_tensor"] = out is t
+    rec["same_buffer"] = t.data is buf
+    rec["values"] = t.data
+    rec["versions"] = [before, t._version]
+    base = Tensor(rng.standard_normal((3, 2)), dtype=np.float64)    # a transposed view of float64 data
+    rec.call("view", relu_, base.T)
+    rec["base"] = base.data
+    rec["base_version"] = base._version
+    special = Tensor(np.array([np.nan, -0.5, 0.0, 2.0], dtype=np.float32))
+    rec.call("special", lambda: relu_(special).data)
+    w = Tensor(f32(rng, 5), requires_grad=True)
+    rec.call("grad_mode", relu_, w)                                 # refused: the exception's type
+    rec["after_refusal"] = [w.data.copy(), w._version]
+    with no_grad():
+        rec.call("no_grad", lambda: relu_(w).data)
+    rec["no_grad_version"] = w._version
