@@ -204,7 +204,7 @@ def run_nbgrader(settings: Settings, *args: str) -> subprocess.CompletedProcess:
         raise CourseError("nbgrader needs the `alembic` command, which is not installed next to this Python: "
                           "reinstall with `pip install nbgrader`")
     write_config(settings)
-    cmd = [sys.executable, "-m", "nbgrader", *args]
+    cmd = [sys.executable, "-m", "tito.nbgrader_run", *args]
     proc = subprocess.run(cmd, cwd=settings.nbgrader_root, env=nbgrader_env(settings), capture_output=True, text=True)
     if proc.returncode != 0:
         out = (proc.stderr or "") + (proc.stdout or "")
