@@ -80,6 +80,8 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider",
                f"--tito-report={report}", "--color=no"]
+        if not verbose:  # the output is not shown: Python's own traceback is enough, and cheap to build
+            cmd.append("--tb=native")
         for e in exercises:
             cmd.append(f"--exercise={e}")
         timeout = ctx.settings.number("execution", "pytest_timeout", 900)
