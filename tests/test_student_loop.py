@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -330,3 +331,39 @@ def test_an_export_never_writes_back_a_file_another_export_changed_meanwhile(tmp
     changed = nbs.export(edition, edition / "modules" / "05_dataloader" / "05_dataloader.ipynb")
     assert live.read_text() == landed, f"the 05 export overwrote activations.py (it moved {changed} into place)"
     assert "core/activations.py" not in changed
+
+
+def test_stub_failures_are_one_line_and_other_failures_keep_their_traceback(tmp_path):
+    """A stub's failure (also inside a hypothesis test) is reported by its one line, without pytest building its
+    traceback report (which parses every source file of the traceback: most of a fresh release's test time)."""
+    test = tmp_path / "test_stubs.py"
+    test.write_text(
+        "from hypothesis import given, strategies as st\n\n"
+        "def broadcast_shape(a, b):\n    raise NotImplementedError('write this')  # STUB-LINE\n\n"
+        "@given(st.integers())\ndef test_property(n):\n    broadcast_shape(n, n)\n\n"
+        "def test_plain():\n    broadcast_shape(1, 2)\n\n"
+        "def test_wrong():\n    got = 3\n    assert got == 4  # WRONG-LINE\n")
+    (tmp_path / "conftest.py").write_text(  # counts the traceback reports pytest builds, per test
+        "import _pytest._code.code as code\n"
+        "built = {}\nfull = code.ExceptionInfo.getrepr\n"
+        "def getrepr(self, *a, **k):\n"
+        "    import inspect\n"
+        "    test = next((f.function for f in inspect.stack() if f.function.startswith('test_')), '?')\n"
+        "    built[test] = built.get(test, 0) + 1\n"
+        "    return full(self, *a, **k)\n"
+        "code.ExceptionInfo.getrepr = getrepr\n"
+        "def pytest_sessionfinish(session):\n"
+        "    print('REPORTS BUILT', sorted(built.items()))\n")
+    report = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
+                          f"--tito-report={report}", str(test)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120).stdout
+    reasons = {t["nodeid"].split("::")[-1]: t["reason"] for t in json.loads(report.read_text())["tests"]}
+    assert reasons["test_property"] == reasons["test_plain"] == "not implemented yet: broadcast_shape", reasons
+    assert "test_stubs.py::test_plain: not implemented yet: broadcast_shape" in out, out
+    assert "STUB-LINE" not in out, f"a stub's failure should not print its traceback:\n{out}"
+    built = re.search(r"REPORTS BUILT (.*)", out)
+    assert built and "test_property" not in built.group(1) and "test_plain" not in built.group(1), \
+        f"pytest built a traceback report for a stub's failure: {built and built.group(1)}\n{out}"
+    assert "WRONG-LINE" in out and "assert 3 == 4" in out, f"a wrong result keeps pytest's report:\n{out}"
