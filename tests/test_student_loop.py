@@ -261,6 +261,17 @@ def test_failure_inside_an_earlier_module_names_it():
         f"scaled_dot_product_attention ({rel})")
 
 
+def run_with_tito_report(test: Path) -> tuple[dict[str, str], str]:
+    """Run pytest with tito's plugin on the file `test` in a child process, as `tito test` does: ({test name: the
+    reason tito reports}, pytest's output)."""
+    report = test.parent / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
+                          f"--tito-report={report}", str(test)], cwd=test.parent, env=env, capture_output=True,
+                         text=True, timeout=120).stdout
+    return {t["nodeid"].split("::")[-1]: t["reason"] for t in json.loads(report.read_text())["tests"]}, out
+
+
 def test_skipped_torch_says_how_to_install_it(tmp_path):
     test = tmp_path / "test_needs_torch.py"
     test.write_text("import pytest\n\ndef test_x():\n    pytest.importorskip('no_such_module_torch')\n"
@@ -268,11 +279,7 @@ def test_skipped_torch_says_how_to_install_it(tmp_path):
                     "    monkeypatch.setattr(builtins, '__import__', lambda n, *a, **k: (_ for _ in ()).throw("
                     "ModuleNotFoundError('no torch')) if n == 'torch' else real(n, *a, **k))\n"
                     "    pytest.importorskip('torch')\n")
-    report = tmp_path / "r.json"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
-                    f"--tito-report={report}", str(test)], cwd=tmp_path, env=env, capture_output=True, timeout=120)
-    reasons = {t["nodeid"].split("::")[-1]: t["reason"] for t in json.loads(report.read_text())["tests"]}
+    reasons, _ = run_with_tito_report(test)
     assert reasons["test_t"] == 'needs torch, not installed: pip install -e ".[reference]"', reasons
     assert reasons["test_x"] == "needs no_such_module_torch, not installed", reasons
 
@@ -354,12 +361,7 @@ def test_stub_failures_are_one_line_and_other_failures_keep_their_traceback(tmp_
         "code.ExceptionInfo.getrepr = getrepr\n"
         "def pytest_sessionfinish(session):\n"
         "    print('REPORTS BUILT', sorted(built.items()))\n")
-    report = tmp_path / "r.json"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
-                          f"--tito-report={report}", str(test)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=120).stdout
-    reasons = {t["nodeid"].split("::")[-1]: t["reason"] for t in json.loads(report.read_text())["tests"]}
+    reasons, out = run_with_tito_report(test)
     assert reasons["test_property"] == reasons["test_plain"] == "not implemented yet: broadcast_shape", reasons
     assert "test_stubs.py::test_plain: not implemented yet: broadcast_shape" in out, out
     assert "STUB-LINE" not in out, f"a stub's failure should not print its traceback:\n{out}"

@@ -187,7 +187,7 @@ def pytest_runtest_makereport(item, call):
         rep.tito_reason = f"not implemented yet: {missing}"
         if chain:
             rep.tito_reason += f" (module {chain[0][0]}, {chain[0][2]})"
-        rep.longrepr = f"{header}: {rep.tito_reason}"
+            rep.longrepr = f"{header}: {rep.tito_reason}"  # repr_failure (see _short_stub_failures) has no chain
     else:
         rep.tito_reason = summarize(call.excinfo.value)
         chain = _chain(item, _leaves(call.excinfo.value)[0])
