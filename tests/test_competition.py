@@ -37,7 +37,20 @@ SUBMISSIONS = {
     "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
     "tamper": "import json\ndef matmul(a, b):\n    open('../error.json', 'w').write('{')\n    return a @ b\n",
     "segv": "import ctypes\ndef matmul(a, b):\n    return ctypes.string_at(0)\n",
+    # caches: what they computed once, returned for later calls (the inputs are the same objects every call)
+    "idcache": "C = {}\ndef matmul(a, b):\n    key = (id(a), id(b))\n    if key not in C:\n        C[key] = a @ b\n"
+               "    return C[key]\n",
+    "samplecache": "C = {}\ndef matmul(a, b):\n    key = a[:2].tobytes() + b[:2].tobytes()  # a cheap sample of the contents\n"
+                   "    if key not in C:\n        C[key] = a @ b\n    return C[key].copy()\n",
+    # keyed by all of the contents: a hit would return a wrong result, so its acceptance says no two calls
+    # saw the same inputs
+    "hashcache": "import hashlib\nC = {}\ndef matmul(a, b):\n    key = hashlib.sha1(a.tobytes() + b.tobytes()).digest()\n"
+                 "    if key in C:\n        return C[key] + 1\n    C[key] = a @ b\n    return C[key]\n",
+    # one output buffer per shape, overwritten by every call: not a cache
+    "reuse": "import numpy as np\nC = {}\ndef matmul(a, b):\n    out = C.setdefault((a.shape, b.shape), "
+             "np.empty((a.shape[0], b.shape[1]), np.float32))\n    return np.matmul(a, b, out=out)\n",
 }
+ACCEPTED = {"fast", "rows", "hashcache", "reuse"}
 
 
 def write(folder: Path, files: dict) -> Path:
@@ -65,9 +78,9 @@ def reason(board, name):
 
 def test_correct_submissions_are_ranked_by_total_median_time(board):
     ranked = [e for e in board["board"]["entries"] if e["rank"]]
-    assert [e["name"] for e in ranked] == sorted(["fast", "rows"], key=lambda n: board["by"][n]["total_s"])
-    assert [e["rank"] for e in ranked] == [1, 2]
-    assert board["board"]["entries"][:2] == ranked  # ranked first, then the rejected
+    assert [e["name"] for e in ranked] == sorted(ACCEPTED, key=lambda n: board["by"][n]["total_s"])
+    assert [e["rank"] for e in ranked] == [1, 2, 3, 4]
+    assert board["board"]["entries"][:4] == ranked  # ranked first, then the rejected
     for e in ranked:
         assert e["status"] == "accepted" and e["complete"] and e["reason"] == ""
         assert [c["input"] for c in e["cases"]] == [MATMUL.describe(c) for c in CASES]
@@ -124,6 +137,43 @@ def test_a_segfault_is_reported_and_the_run_goes_on(board):
     assert reason(board, "segv") == ("the process was killed by SIGSEGV (a crash in native code: a bad pointer or "
                                      f"out-of-bounds access, e.g. through ctypes) running on input {FIRST}")
     assert len(board["by"]) == len(SUBMISSIONS) - 1  # every submission has its entry (_helper.py is none)
+
+
+def test_a_kernel_returning_cached_results_while_timed_is_rejected(board):
+    """The results phase runs each input once: a cache passes it. The timing phase changes one element of
+    `a` before every call and checks results kept from it: a cache keyed by the ids of the inputs or by a
+    sample of their contents returns a result for other inputs."""
+    for name in ("idcache", "samplecache"):
+        r = reason(board, name)
+        assert r.startswith("returned a result for different inputs while being timed (a cache?): call "), r
+        assert f"(the timing phase changes one element of `a` before every call): wrong values for input {FIRST}" in r
+    # a cache keyed by all of the contents never hits (a hit would be rejected), a reused output buffer is no cache
+    assert board["by"]["hashcache"]["status"] == board["by"]["reuse"]["status"] == "accepted"
+
+
+@pytest.mark.parametrize("task", ["matmul", "elementwise"])
+def test_timing_inputs_never_repeat_and_their_reference(task):
+    t = comp.TASKS[task]
+    case = t.quick_cases[0]
+    inputs = t.inputs(case, 17)
+    x = inputs[0]
+    scale = comp.perturb_scale(x)
+    assert 2 * np.abs(x).max() <= scale < 4 * np.abs(x).max()
+    calls = [comp.perturbation(k, x.size, scale) for k in range(20000)]
+    values = [v for _, v in calls]
+    assert len(set(values)) == len(values)  # no two calls see the same inputs
+    assert all(scale <= v < 2 * scale and np.float32(v) == v for v in values)  # exact in float32, no input's value
+    assert {p for p, _ in calls} == set(range(x.size))  # every element is changed, by turns
+    assert all(p != q for (p, _), (q, _) in zip(calls, calls[1:]))  # never the same element twice in a row
+    assert comp.perturbation(1 << 23, x.size, scale)[1] == 2 * scale  # the next binade: still unique
+    expected = t.reference(inputs)
+    for k in (0, 1, 12345):
+        changed, want = t.timing_reference(inputs, expected, k)
+        p, v = comp.perturbation(k, x.size, scale)
+        assert changed[0].reshape(-1)[p] == v and (np.delete(changed[0].reshape(-1), p) == np.delete(x.reshape(-1), p)).all()
+        assert np.allclose(want, t.reference(changed), rtol=1e-12, atol=1e-12)
+        assert comp.check_result(t, case, changed, t.reference(changed).astype(np.float32), want) == ""
+        assert comp.check_result(t, case, changed, expected.astype(np.float32), want).startswith("wrong values")
 
 
 def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):

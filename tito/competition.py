@@ -10,7 +10,21 @@ A submission is a file `NAME.py` that defines the task's function with its fixed
    and the largest error.
 2. timing: a second child process times the function on each input with the course's measuring rules
    (`tinytorch.perf.measure.time_call`: warmup, repeats of enough calls to last `min_repeat_time`, the
-   garbage collector paused; the median of the repeats is reported).
+   garbage collector paused; the median of the repeats is reported). The worker finds the number of
+   calls per repeat as time_call does (quadrupling from 1) and passes it to time_call, so that it knows
+   which call ends which repeat. A kernel must not be able to compute once and return a cached array
+   for every later call (keyed by the ids of its inputs, which are the same objects every call, or by
+   their contents): before every call, warmup and calibration included, one element of the first input
+   is set to a value no call has seen (`perturbation`: never the same value twice, never a value of the
+   input, the element restored after its call), so that no two calls see the same contents. The same
+   few operations (about 1 us per call on the course's 2-core machine) run before every call of every
+   entry, the NumPy reference's included, and are part of the times. The results of the last warmup
+   call, of the last call of each calibration round and of each timed repeat are kept (one reference
+   each, no copy: a kernel that reuses one output buffer is checked on its last call only) and checked
+   by this process against the reference for the inputs of that call (the case's reference with the
+   changed element's row patched in), and the inputs must be as they were: a mismatch rejects the entry
+   with "returned a result for different inputs while being timed (a cache?)". A cache keyed by all of
+   the contents is defeated rather than detected: it never hits, and pays for its hashing.
 
 Both children run in a process group of their own, with no core files, an address-space limit and
 BLAS/OpenMP limited to `threads` threads; the submission's `--timeout` covers both. An import error, an
@@ -105,6 +119,22 @@ class Task:
             return 2.0 * n * k * m
         return 10.0 * case[0] * case[1]  # add, 3 mul for 0.044715*y^3, add, mul, tanh, add, 2 mul
 
+    def timing_reference(self, inputs: list, expected: np.ndarray, k: int) -> tuple[list, np.ndarray]:
+        """The inputs of call `k` of the timing phase and their expected result, from the case's `inputs`
+        and their `expected` result: one element of the first input changed (see `perturbation`); the
+        result is patched where that element counts (a row of a@b, one element of gelu(x + bias))."""
+        x = inputs[0]
+        p, v = perturbation(k, x.size, perturb_scale(x))
+        i, j = np.unravel_index(p, x.shape)
+        changed = x.copy()
+        changed[i, j] = v
+        out = expected.copy()
+        if self.name == "matmul":
+            out[i] += (float(changed[i, j]) - float(x[i, j])) * inputs[1][j].astype(np.float64)
+        else:
+            out[i, j] = self.reference([changed[i:i + 1, j:j + 1], inputs[1][j:j + 1]])[0, 0]
+        return [changed, *inputs[1:]], out
+
     def describe(self, case: tuple) -> str:
         if self.name == "matmul":
             n, k, m = case
@@ -139,6 +169,24 @@ TASKS = {
 }
 
 
+def perturb_scale(x: np.ndarray) -> float:
+    "The power of two D >= 2 max|x|: a value written by `perturbation` (D <= v) differs from every element by D/2 or more."
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    return 2.0 ** math.ceil(math.log2(2 * top)) if top > 0 else 1.0
+
+
+def perturbation(k: int, size: int, scale: float) -> tuple[int, float]:
+    """Call `k` (0, 1, ...) of the timing phase sees the task's input with element `p` (flat index) of its
+    first array set to `v`. `v` is exact in float32 and never the same twice (k mod 2^23 -> its 23 mantissa
+    bits is a bijection, k >> 23 picks the binade), so no two calls see the same contents, and never an
+    element of the task's input (scale <= v, see perturb_scale): a result kept from an earlier call (a
+    cache keyed by the arrays' ids or by a sample of their contents) differs from the right one by about
+    scale / 2 where `p` changed. `p` jumps about the array (Fibonacci hashing of k)."""
+    p = (((k * 0x9E3779B1) & 0xFFFFFFFF) * size) >> 32
+    v = scale * (1.0 + ((k * 0x2545F491) & 0x7FFFFF) / 8388608.0) * 2.0 ** (k >> 23)
+    return p, v
+
+
 def get_task(name: str) -> Task:
     if name not in TASKS:
         raise CourseError(f"no competition task {name!r}; the tasks are: {', '.join(TASKS)}")
@@ -147,9 +195,10 @@ def get_task(name: str) -> Task:
 
 # ---------------------------------------------------------------------------------------------- checking
 
-def check_result(task: Task, case: tuple, inputs: list, got) -> str:
+def check_result(task: Task, case: tuple, inputs: list, got, expected: np.ndarray | None = None) -> str:
     """'' when `got` is the right answer for `inputs`, else the reason (naming the input and the error).
-    `got` is an ndarray, or a dict the worker wrote for anything else ({'type': ...} / {'wrote_input': ...})."""
+    `got` is an ndarray, or a dict the worker wrote for anything else ({'type': ...} / {'wrote_input': ...}).
+    `expected`: the float64 reference when the caller has it (default: computed from `inputs`)."""
     where = f"for input {task.describe(case)}"
     want_shape = task.out_shape(case)
     if isinstance(got, dict):
@@ -161,7 +210,8 @@ def check_result(task: Task, case: tuple, inputs: list, got) -> str:
         return f"returned dtype {got.dtype} {where}; expected float32 (convert with .astype(np.float32))"
     if got.shape != want_shape:
         return f"returned shape {got.shape} {where}; expected {want_shape}"
-    expected = task.reference(inputs)
+    if expected is None:
+        expected = task.reference(inputs)
     rtol, atol = task.tol(case)
     got64 = got.astype(np.float64)
     err = np.abs(got64 - expected)
@@ -263,6 +313,29 @@ class Runner:
         last = tail.splitlines()[-1][:300] if tail else "no output"
         return f"the process exited with code {code} {doing} (sys.exit or os._exit in the submission?); last output: {last}"
 
+    def _check_timed(self, cases: list, timings: list, work: Path) -> str:
+        """'' when every result kept while timing (see tito.competition_worker) is right for the inputs of
+        its call, else why not: a kernel that returns what it computed for earlier inputs (a cache) or
+        writes into them is rejected."""
+        task = self.task
+        for i, (case, t) in enumerate(zip(cases, timings)):
+            if t.get("wrote_input"):
+                return (f"wrote into its input `{t['wrote_input']}` while being timed, for input {task.describe(case)}: "
+                        "inputs are read-only")
+            if not t["checked"]:
+                raise ValueError(f"no result was kept while timing input {i}")
+            inputs = task.inputs(case, self.seed)
+            expected = task.reference(inputs)
+            for k in t["checked"]:
+                npy, js = work / f"check_{i}_{k}.npy", work / f"check_{i}_{k}.json"
+                got = json.loads(js.read_text()) if js.exists() else np.load(npy, allow_pickle=False)
+                changed, want = task.timing_reference(inputs, expected, int(k))
+                why = check_result(task, case, changed, got, want)
+                if why:
+                    return (f"returned a result for different inputs while being timed (a cache?): call {k} "
+                            f"(the timing phase changes one element of `{task.args[0]}` before every call): {why}")
+        return ""
+
     def run(self, name: str, file: Path, kind: str = "submission", max_flops: float | None = None) -> dict:
         """Check, then time, one entry; a dict for the leaderboard (never raises for the entry's own faults)."""
         task = self.task
@@ -295,6 +368,7 @@ class Runner:
                         timings = json.loads((work / "timing.json").read_text())
                         if len(timings) != len(cases):
                             raise ValueError(f"{len(timings)} timings for {len(cases)} inputs")
+                        why = self._check_timed(cases, timings, work)
                 except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
                     why = f"its {phase} could not be read ({type(e).__name__}: {str(e)[:200]})"
                 if why:

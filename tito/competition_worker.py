@@ -8,7 +8,11 @@
 `out/result_I.npy` (anything but an ndarray is described in `out/result_I.json` instead). The parent
 process checks them against its own reference: a submission cannot change how it is judged.
 `timing`: times the function on each case with `tinytorch.perf.measure.time_call` and writes
-`out/timing.json`. Both write `out/progress` (the step now running) so that a parent that had to kill
+`out/timing.json`. Before every call, one element of the first input is changed (restoring the one
+changed before: tito.competition.perturbation), so that no two calls see the same inputs; the results
+of some calls (the last warmup call, the last call of each calibration round and of each timed repeat)
+are kept and saved as `out/check_I_K.npy` (K: the call's number) for the parent to check against the
+inputs of that call, and the inputs are compared with what they should be after the last call. Both write `out/progress` (the step now running) so that a parent that had to kill
 this process can say where it was, and `out/error.json` for an exception of the submission.
 """
 from __future__ import annotations
@@ -49,6 +53,74 @@ def load(file: str, func: str, others: dict | None = None):
     return fn
 
 
+def save(out: Path, stem: str, result) -> None:
+    "What a call returned: an ndarray as `stem.npy`, anything else described in `stem.json`."
+    import numpy as np
+
+    if isinstance(result, np.ndarray) and result.dtype != object:
+        np.save(out / f"{stem}.npy", result, allow_pickle=False)
+    else:
+        (out / f"{stem}.json").write_text(json.dumps({"type": type(result).__name__ if not isinstance(result, np.ndarray)
+                                                      else "ndarray of Python objects"}))
+
+
+def timed(fn, inputs: list, args: tuple, job: dict) -> tuple[dict, dict]:
+    """Time `fn` on `inputs` by time_call's rules (warmup calls, `number` calls per repeat found by
+    quadrupling until a repeat lasts `min_repeat_time`, `repeats` repeats with the garbage collector
+    paused), one element of inputs[0] changed before each call. Returns (the timing record, {call
+    number: result kept})."""
+    import time
+
+    import numpy as np
+
+    from tinytorch.perf.measure import time_call
+    from tito.competition import perturb_scale, perturbation
+
+    flat = inputs[0].reshape(-1)  # a view: the inputs are C-contiguous
+    base = flat.copy()
+    others = [x.copy() for x in inputs[1:]]
+    size, scale = flat.size, perturb_scale(inputs[0])
+    k, prev = -1, 0
+    check: set[int] = set()
+    kept: dict[int, object] = {}
+
+    def call():
+        nonlocal k, prev
+        k += 1
+        flat[prev] = base[prev]
+        prev, v = perturbation(k, size, scale)
+        flat[prev] = v
+        result = fn(*inputs)
+        if k in check:
+            kept[k] = result
+
+    check.add(job["warmup"] - 1)
+    for _ in range(job["warmup"]):
+        call()
+    number = 1
+    while True:  # the calibration of time_call, with the last call of each round kept
+        check.add(k + number)
+        t0 = time.perf_counter()
+        for _ in range(number):
+            call()
+        if time.perf_counter() - t0 >= job["min_repeat_time"] or number >= 1 << 20:
+            break
+        number *= 4
+    check.update(k + (r + 1) * number for r in range(job["repeats"]))
+    t = time_call(call, warmup=0, repeats=job["repeats"], number=number)
+    flat[prev] = base[prev]
+    changed = [a for a, x, y in zip(args, [flat, *inputs[1:]], [base, *others]) if not np.array_equal(x, y, equal_nan=True)]
+    # a result that shares memory with a later one was overwritten by that call (a kernel reusing its
+    # output buffer): only the later one says what its call returned
+    arrays = [(c, r) for c, r in sorted(kept.items()) if isinstance(r, np.ndarray)]
+    for n, (c, r) in enumerate(arrays):
+        if any(np.may_share_memory(r, later) for _, later in arrays[n + 1:]):
+            del kept[c]
+    record = {"times": list(t.times), "number": t.number, "median": t.median, "best": t.best, "calls": k + 1,
+              "checked": sorted(kept), "wrote_input": changed[0] if changed else None}
+    return record, kept
+
+
 def main() -> int:
     job = json.loads(sys.stdin.read())
     out = Path(job["out"])
@@ -76,17 +148,14 @@ def main() -> int:
                 changed = [k for k, (x, y) in enumerate(zip(inputs, kept)) if not np.array_equal(x, y, equal_nan=True)]
                 if changed:
                     (out / f"result_{i}.json").write_text(json.dumps({"wrote_input": task.args[changed[0]]}))
-                elif isinstance(result, np.ndarray) and result.dtype != object:
-                    np.save(out / f"result_{i}.npy", result, allow_pickle=False)
                 else:
-                    (out / f"result_{i}.json").write_text(json.dumps({"type": type(result).__name__ if not isinstance(result, np.ndarray)
-                                                                   else "ndarray of Python objects"}))
+                    save(out, f"result_{i}", result)
             else:
-                from tinytorch.perf.measure import time_call
-
-                t = time_call(lambda: fn(*inputs), warmup=job["warmup"], repeats=job["repeats"],
-                              min_repeat_time=job["min_repeat_time"])
-                timings.append({"times": list(t.times), "number": t.number, "median": t.median, "best": t.best})
+                record, kept = timed(fn, inputs, task.args, job)
+                for k in record["checked"]:
+                    save(out, f"check_{i}_{k}", kept[k])
+                del kept
+                timings.append(record)
         except BaseException as e:
             (out / "error.json").write_text(json.dumps({"stage": job["phase"], "case": i, **_error(e, job["file"])}))
             return 0
