@@ -8,7 +8,9 @@ window sliding. Three ways to generate, seeded sampling (temperature 0.8, top-k 
 token-identical before they are timed:
 
 - `GPT.generate` (module 13): the whole window again at every step;
-- `generate_cached` (module 18): one prefill, then one token per step through preallocated `KVCache`s;
+- `generate_cached` (module 18): one prefill, then one token per step through preallocated `KVCache`s,
+  with each forward run by the model itself (engine "eager": every op through the framework) and by
+  `FusedGPT` (engine "fused": the same arithmetic on arrays, weights prepared once);
 - PyTorch: `tests/support/torch_kv.py`, the same GPT written functionally in torch
   (`F.scaled_dot_product_attention` over a preallocated cache, `inference_mode`), sampling with
   the same `sample_next` on the same generator.
@@ -18,8 +20,10 @@ Then gradient checkpointing (`checkpoint`, module 18) on a training step of the 
 forward + cross-entropy + backward, plain vs one checkpoint per block, gradients checked equal
 (goals: peak <= 0.5x, time <= 1.4x).
 
-Both libraries run on the same number of threads (default 1). Prints the best of the repeats (the
-least disturbed on a shared machine) and the ratios of the bests: goals cached >= 3x faster than uncached at 128 tokens, cached <= 0.6x PyTorch's time.
+Both libraries run on the same number of threads (default 1). The variants are timed in interleaved
+rounds (each round times each once), and the best round of each is kept (the least disturbed on a
+shared machine); prints the ratios of the bests. Goals: cached >= 3x faster than uncached at 128
+tokens, cached <= 0.6x PyTorch's time.
 """
 from __future__ import annotations
 
@@ -65,25 +69,30 @@ def main() -> None:
     except ImportError:
         torch = ref = None
     for new in (64, 112):
-        plain_ids = model.generate(prompt, new, **SAMPLING)
-        cached_ids = generate_cached(model, prompt, new, **SAMPLING)
-        assert np.array_equal(plain_ids, cached_ids), f"cached tokens differ from generate's for {new} new tokens"
-        plain = time_call(lambda: model.generate(prompt, new, **SAMPLING), repeats=args.repeats)
-        cached = time_call(lambda: generate_cached(model, prompt, new, **SAMPLING), repeats=args.repeats)
-        print(f"16-token prompt + {new} new tokens ({16 + new} in all), token-identical:")
-        print(f"  uncached GPT.generate : {plain.best * 1e3:8.1f} ms ({plain.best / new * 1e3:.2f} ms/token)")
-        print(f"  cached generate_cached: {cached.best * 1e3:8.1f} ms ({cached.best / new * 1e3:.2f} ms/token): "
-              f"{plain.best / cached.best:.2f}x faster than uncached"
+        runs = {"uncached GPT.generate": lambda: model.generate(prompt, new, **SAMPLING),
+                "cached, eager": lambda: generate_cached(model, prompt, new, **SAMPLING),
+                "cached, fused": lambda: generate_cached(model, prompt, new, engine="fused", **SAMPLING)}
+        if ref is not None:
+            runs[f"PyTorch {torch.__version__} cached"] = lambda: ref.generate(prompt, new, **SAMPLING)
+        tokens = {name: fn() for name, fn in runs.items()}
+        for name, ids in tokens.items():
+            assert np.array_equal(ids, tokens["uncached GPT.generate"]), f"{name}: tokens differ for {new} new tokens"
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(args.repeats):   # interleaved rounds: every variant sees the same machine load
+            for name, fn in runs.items():
+                best[name] = min(best[name], time_call(fn, repeats=1, min_repeat_time=0.05).best)
+        print(f"16-token prompt + {new} new tokens ({16 + new} in all), all token-identical, best of {args.repeats} rounds:")
+        for name, t in best.items():
+            print(f"  {name:<26}: {t * 1e3:8.1f} ms ({t / new * 1e3:.3f} ms/token)")
+        plain, eager, fused = best["uncached GPT.generate"], best["cached, eager"], best["cached, fused"]
+        print(f"  cached / uncached speed-up: eager {plain / eager:.2f}x, fused {plain / fused:.2f}x"
               + (" (goal >= 3x at 128 tokens)" if new == 112 else ""))
         if ref is None:
             print("  PyTorch not installed: install the reference extra for the comparison")
             continue
-        torch_ids = ref.generate(prompt, new, **SAMPLING)
-        assert np.array_equal(torch_ids, cached_ids), f"PyTorch's cached tokens differ for {new} new tokens"
-        theirs = time_call(lambda: ref.generate(prompt, new, **SAMPLING), repeats=args.repeats)
-        print(f"  PyTorch {torch.__version__} cached ({torch.get_num_threads()} thread(s)): {theirs.best * 1e3:8.1f} ms "
-              f"({theirs.best / new * 1e3:.2f} ms/token), token-identical; tinytorch cached / PyTorch cached = "
-              f"{cached.best / theirs.best:.2f}x (goal <= 0.6x)")
+        theirs = best[f"PyTorch {torch.__version__} cached"]
+        print(f"  tinytorch cached / PyTorch cached ({torch.get_num_threads()} thread(s)): fused {fused / theirs:.2f}x "
+              f"(goal <= 0.6x), eager {eager / theirs:.2f}x")
 
     bench_checkpoint(args.repeats)
 

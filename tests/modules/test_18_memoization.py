@@ -25,7 +25,7 @@ from tinytorch.core.attention import scaled_dot_product_attention
 from tinytorch.core.autograd import no_grad
 from tinytorch.core.tensor import Tensor
 from tinytorch.models.gpt import GPT
-from tinytorch.perf.kv_cache import (KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
+from tinytorch.perf.kv_cache import (FusedGPT, KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
                                      make_caches)
 from tests.support.refs import torch_or_none
 
@@ -185,6 +185,83 @@ def test_generate_cached_errors_are_exact(kwargs, message):
     with pytest.raises(ValueError) as e:
         generate_cached(small_model(0), **args)
     assert str(e.value) == message
+
+
+# ---------------------------------------------------------------- 4.1 FusedGPT (given code)
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), b=st.integers(1, 3), prefill=st.integers(1, 8), steps=st.integers(0, 4),
+       pad=st.integers(0, 3))
+def test_fused_engine_logits_equal_the_models(seed, b, prefill, steps, pad):
+    """FusedGPT's logits equal GPT.forward's within float32 rounding: a full forward, a left-padded batch
+    (attention_mask), and a prefill followed by one-token steps through KVCaches (and PyTorch's cached
+    forward, when installed); the caches it fills hold the model's keys and values."""
+    model = small_model(seed % 4, context=16)
+    engine = FusedGPT(model)
+    ids = np.random.default_rng(seed).integers(0, 13, (b, prefill + steps))
+    mask = np.ones(ids.shape, np.int64)
+    mask[0, :min(pad, ids.shape[1] - 1)] = 0
+    with no_grad():
+        for kw in ({}, {"attention_mask": mask}):
+            np.testing.assert_allclose(engine(ids, **kw).data, model(ids, **kw).data, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"full forward {kw and 'with a padding mask'}, ids {ids.shape}")
+        ours, theirs = make_caches(model, b), make_caches(model, b)
+        got = [engine(ids[:, :prefill], cache=ours).data]
+        want = [model(ids[:, :prefill], cache=theirs).data]
+        for p in range(prefill, prefill + steps):
+            got.append(engine(ids[:, p:p + 1], start_pos=p, cache=ours).data)
+            want.append(model(ids[:, p:p + 1], start_pos=p, cache=theirs).data)
+    np.testing.assert_allclose(np.concatenate(got, 1), np.concatenate(want, 1), rtol=1e-5, atol=1e-5)
+    for a, c in zip(ours, theirs):
+        assert a.seq_len == c.seq_len == prefill + steps
+        np.testing.assert_allclose(a.k[:, :, :a.seq_len], c.k[:, :, :c.seq_len], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a.v[:, :, :a.seq_len], c.v[:, :, :c.seq_len], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), t=st.integers(1, 12), new=st.integers(0, 16),
+       temperature=st.sampled_from([0.0, 0.5, 1.0]), top_k=st.sampled_from([None, 1, 3, 50]), b=st.integers(1, 2))
+def test_fused_cached_generation_is_token_identical(seed, t, new, temperature, top_k, b):
+    """engine="fused": generate's tokens, up to the context (12) and past it (the window slides)."""
+    model = small_model(seed % 4)
+    prompt = np.random.default_rng(seed).integers(0, 13, (b, t))
+    plain = model.generate(prompt, new, temperature=temperature, top_k=top_k, seed=seed)
+    fused = generate_cached(model, prompt, new, temperature=temperature, top_k=top_k, seed=seed, engine="fused")
+    np.testing.assert_array_equal(fused, plain, err_msg=f"prompt {t}, {new} new, T={temperature}, top_k={top_k}")
+
+
+def test_fused_generation_matches_torch_and_makes_no_op_records():
+    from tinytorch.core.tensor import observe_ops
+    model = GPT(vocab_size=65, context_length=48, embed_dim=32, num_heads=4, num_layers=2, rng=3)
+    prompt = np.random.default_rng(1).integers(0, 65, (2, 16))
+    seen = []
+    with observe_ops(lambda node, out: seen.append(node.op)):
+        ours = generate_cached(model, prompt, 32, temperature=0.8, top_k=5, seed=11, engine="fused")
+    assert seen == [], f"the fused engine must run on arrays, without Tensor ops; observed {sorted(set(seen))}"
+    torch = torch_or_none()
+    if torch is None:
+        expected = model.generate(prompt, 32, temperature=0.8, top_k=5, seed=11)
+    else:
+        from tests.support.torch_kv import TorchCachedGPT
+        expected = TorchCachedGPT(torch, model).generate(prompt, 32, temperature=0.8, top_k=5, seed=11)
+    np.testing.assert_array_equal(ours, expected)
+
+
+def test_fused_engine_works_through_a_paged_cache_and_refuses_what_it_cannot_run():
+    model = small_model(2, context=16)
+    ids = np.random.default_rng(4).integers(0, 13, (1, 9))
+    pool = PagedKVCache(num_blocks=6, block_size=4, num_layers=2, num_heads=4, head_dim=4)
+    with no_grad():
+        engine = FusedGPT(model)
+        caches = pool.layer_caches("a")
+        got = [engine(ids[:, :5], cache=caches).data] + [engine(ids[:, p:p + 1], start_pos=p, cache=caches).data
+                                                      for p in range(5, 9)]
+        np.testing.assert_allclose(np.concatenate(got, 1), model(ids).data, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="generate_cached: engine must be 'eager'"):
+        generate_cached(model, ids, 2, engine="jit")
+    model.pos_emb = object()
+    with pytest.raises(TypeError, match="FusedGPT: expects module 13's GPT"):
+        FusedGPT(model)
 
 
 # ---------------------------------------------------------------- 18.3 allocate

@@ -3,17 +3,21 @@
 # %% ../../modules/18_memoization/18_memoization.ipynb #c002
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
+from ..core.activations import GELU
+from ..core.attention import causal_mask
 from ..core.autograd import Function, backward, no_grad
 from ..core.layers import as_generator, check_positive_int
 from ..core.tensor import Tensor, is_grad_enabled, set_grad_enabled
 from ..models.gpt import sample_next
+from ..text.embeddings import LearnedPositionalEmbedding
 
 # %% auto #0
-__all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'PagedKVCache',
+__all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'FusedGPT', 'PagedKVCache',
            'PagedLayerCache', 'CheckpointFunction', 'checkpoint']
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #kv-cache
@@ -151,12 +155,15 @@ def cached_decode(model, idx: np.ndarray, caches: list, max_new_tokens: int, tem
 
 
 def generate_cached(model, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                    seed=None, cache_factory=None) -> np.ndarray:
+                    seed=None, cache_factory=None, engine: str = "eager") -> np.ndarray:
     """`GPT.generate` with a KV cache: the same arguments, the same tokens for the same seed.
 
     `cache_factory(model, batch_size)` makes the list of layer caches (default `make_caches`, one
-    preallocated `KVCache` per block). Given code: the checks, one generator from `seed`, eval mode
-    and `no_grad` (the previous mode restored afterwards), then `cached_decode`.
+    preallocated `KVCache` per block). `engine` says what runs each forward of the loop: "eager"
+    (the model itself, op by op, through your modules 01-13) or "fused" (`FusedGPT(model)`, section
+    4.1: the same arithmetic on plain arrays, without the framework's per-op bookkeeping). Given
+    code: the checks, one generator from `seed`, eval mode and `no_grad` (the previous mode
+    restored afterwards), then `cached_decode`.
     """
     idx = np.array(idx.data if isinstance(idx, Tensor) else idx, dtype=np.int64)
     if idx.ndim != 2 or idx.shape[1] == 0:
@@ -170,15 +177,127 @@ def generate_cached(model, idx, max_new_tokens: int, temperature: float = 1.0, t
         raise ValueError(f"generate_cached: temperature must be >= 0 (0 is greedy); got {temperature}")
     if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 1):
         raise ValueError(f"generate_cached: top_k must be a positive integer or None (None keeps every token); got {top_k!r}")
+    if engine not in ("eager", "fused"):
+        raise ValueError(f"generate_cached: engine must be 'eager' (the model's own forward) or 'fused' (FusedGPT); "
+                         f"got {engine!r}")
     rng = as_generator(seed)
     caches = (cache_factory or make_caches)(model, idx.shape[0])
     was_training = model.training
     model.eval()
     try:
         with no_grad():
-            return cached_decode(model, idx, caches, max_new_tokens, temperature, top_k, rng)
+            forward = FusedGPT(model) if engine == "fused" else model
+            return cached_decode(forward, idx, caches, max_new_tokens, temperature, top_k, rng)
     finally:
         model.train(was_training)
+
+# %% ../../modules/18_memoization/18_memoization.ipynb #fused-gpt
+class FusedGPT:
+    """A GPT's inference forward on plain NumPy arrays, its weights prepared once (given code).
+
+    `FusedGPT(model)` reads the parameters of `model` (module 13's `GPT`) when it is made and
+    prepares them the way inference engines do:
+    - q, k and v projections stacked into one `(E, 3E)` matrix: one product instead of three;
+    - the attention's `1 / sqrt(Dh)` folded into the q columns, and each LayerNorm's scale and
+      shift folded into the product that follows it (`(x_hat * g + b) @ W = x_hat @ (g W) + b @ W`);
+    - every matrix stored transposed once, in the layout the product reads.
+    Calling it is `GPT.forward` without the framework: `engine(idx, start_pos=0, cache=None,
+    attention_mask=None)` returns the logits `(B, T, V)` as a Tensor, after the same checks
+    (`GPT._prepare`), with any layer cache of the module-12 protocol (`update(k, v)`), and no op
+    records or autograd. The logits equal the model's within float32 rounding. Inference only
+    (dropout is off, as in eval mode); a weight changed later is not seen: make a new engine.
+    """
+
+    def __init__(self, model):
+        if not isinstance(model.pos_emb, LearnedPositionalEmbedding) or any(
+                not isinstance(b.mlp.act, GELU) for b in model.blocks):
+            raise TypeError("FusedGPT: expects module 13's GPT (learned positions, GELU MLPs); "
+                            "run other architectures with the eager model (engine='eager')")
+        self.model, self.context_length, self.vocab_size = model, model.context_length, model.vocab_size
+        self.tok, self.pos = model.tok_emb.weight.data, model.pos_emb.weight.data
+        self.layers = []
+        for b in model.blocks:
+            a = b.attn
+            e = a.embed_dim
+            wqkv = np.concatenate([p.weight.data.T for p in (a.q_proj, a.k_proj, a.v_proj)], axis=1)
+            bqkv = np.concatenate([self._bias(p) for p in (a.q_proj, a.k_proj, a.v_proj)])
+            wqkv[:, :e] *= 1.0 / math.sqrt(a.head_dim)
+            bqkv[:e] *= 1.0 / math.sqrt(a.head_dim)
+            self.layers.append((b.ln1.eps, *self._fold(b.ln1, wqkv, bqkv), a.num_heads, a.head_dim,
+                                np.ascontiguousarray(a.out_proj.weight.data.T), self._bias(a.out_proj),
+                                b.ln2.eps, *self._fold(b.ln2, b.mlp.fc.weight.data.T, self._bias(b.mlp.fc)),
+                                np.ascontiguousarray(b.mlp.proj.weight.data.T), self._bias(b.mlp.proj)))
+        self.final = (model.ln_f.eps, *self._fold(model.ln_f, model.head.weight.data.T, self._bias(model.head)))
+
+    @staticmethod
+    def _bias(linear) -> np.ndarray:
+        w = linear.weight.data
+        return np.zeros(w.shape[0], w.dtype) if linear.bias is None else linear.bias.data.copy()
+
+    @staticmethod
+    def _fold(ln, w, bias) -> tuple:
+        "LayerNorm `ln`'s scale and shift folded into the product `@ w + bias` that follows it."
+        return (np.ascontiguousarray(ln.weight.data[:, None] * w),
+                (ln.bias.data @ w + bias).astype(w.dtype))
+
+    @staticmethod
+    def _normalize(x, eps):
+        "`(x - mean) / sqrt(var + eps)` over the last axis (the LayerNorm without its scale and shift)."
+        n = x.shape[-1]
+        mean = np.add.reduce(x, axis=-1, keepdims=True)
+        mean /= n
+        centred = x - mean
+        var = np.add.reduce(centred * centred, axis=-1, keepdims=True)
+        var /= n
+        var += eps
+        centred /= np.sqrt(var, out=var)
+        return centred
+
+    def __call__(self, idx, start_pos: int = 0, cache=None, attention_mask=None) -> Tensor:
+        idx, caches, positions, pad = self.model._prepare(idx, start_pos, cache, attention_mask)
+        b, t = idx.shape
+        x = self.tok[idx] + (self.pos[start_pos:start_pos + t] if positions is None else self.pos[positions])
+        gelu_c = math.sqrt(2 / math.pi)
+        for (eps1, wqkv, bqkv, heads, dh, wo, bo, eps2, wfc, bfc, wpr, bpr), layer_cache in zip(self.layers, caches):
+            qkv = self._normalize(x, eps1) @ wqkv
+            qkv += bqkv
+            qkv = qkv.reshape(b, t, 3, heads, dh).transpose(2, 0, 3, 1, 4)      # (3, B, H, T, Dh)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            if layer_cache is not None:   # a KVCache takes arrays; other caches get Tensors, as from the model
+                k, v = layer_cache.update(*((k, v) if isinstance(layer_cache, KVCache) else (Tensor(k), Tensor(v))))
+                k, v = getattr(k, "data", k), getattr(v, "data", v)
+            s = q @ k.swapaxes(-1, -2)                                            # scores (B, H, T, S), scaled
+            mask = causal_mask(t, k.shape[-2]) if t > 1 else None
+            if pad is not None:
+                mask = pad[:, None, None, :] if mask is None else mask | pad[:, None, None, :]
+            if mask is None:
+                s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+                np.exp(s, out=s)
+                s /= np.add.reduce(s, axis=-1, keepdims=True)
+            else:   # masked keys get weight 0; a query with no key left gets a zero output (module 12)
+                s = np.where(mask, -np.inf, s)
+                top = np.maximum.reduce(s, axis=-1, keepdims=True)
+                s = np.exp(s - np.where(np.isfinite(top), top, 0.0))
+                z = np.add.reduce(s, axis=-1, keepdims=True)
+                s = np.divide(s, z, out=np.zeros_like(s), where=z > 0)
+            x += (s @ v).transpose(0, 2, 1, 3).reshape(b, t, heads * dh) @ wo
+            x += bo
+            a = self._normalize(x, eps2) @ wfc
+            a += bfc
+            g = a * a                                   # GELU, tanh form: 0.5 a (1 + tanh(c (a + 0.044715 a^3)))
+            g *= gelu_c * 0.044715
+            g += gelu_c
+            g *= a
+            np.tanh(g, out=g)
+            g += 1.0
+            g *= a
+            g *= 0.5
+            x += g @ wpr
+            x += bpr
+        eps, w, bias = self.final
+        logits = self._normalize(x, eps) @ w
+        logits += bias
+        return Tensor(logits)
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #paged
 class PagedKVCache:
