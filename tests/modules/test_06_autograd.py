@@ -316,6 +316,36 @@ def test_non_leaves_keep_no_grad_unless_retained():
 
 
 @pytest.mark.exercise("6.4", "backward")
+def test_backward_frees_each_activation_once_its_rule_has_run():
+    """When the first op's rule runs, the outputs of the five ops after it (which the caller no longer
+    holds) must be gone: backward frees activations as it goes, as PyTorch does without retain_graph."""
+    outputs, alive = [], {}
+
+    class Probe(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.copy()
+
+        @staticmethod
+        def backward(ctx, grad):
+            alive["outputs"] = [ref() is not None for ref in outputs]
+            return (grad,)
+
+    h = Probe.apply(Tensor(np.ones(1000, np.float32), requires_grad=True))
+    for _ in range(5):
+        h = h * 2.0
+        outputs.append(weakref.ref(h.data))
+    loss = h.sum()
+    del h
+    gc.collect()
+    loss.backward()
+    assert alive["outputs"] == [False] * 5, (
+        f"outputs still alive when the first op's rule ran: {alive['outputs']} (op 1..5); expected none. Something "
+        f"in backward still holds them after their rules ran: a list of every tensor kept to the end? Drop each "
+        f"one (pop it) once its rule has run")
+
+
+@pytest.mark.exercise("6.4", "backward")
 def test_second_backward_needs_retain_graph():
     x = Tensor([1.0, 2.0], requires_grad=True)
     loss = (x * x).sum()

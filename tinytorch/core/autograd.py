@@ -171,7 +171,9 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
       never a view of another array. A non-leaf keeps `.grad` only if `retain_grad()` was called
       on it (`tensor._retains_grad`).
     - Unless `retain_graph`, release each node once its rule has run (`node.inputs = None` and
-      `node.saved = None`): the activations it pinned are freed. Reaching a released node raises
+      `node.saved = None`), and keep no reference of your own to a tensor whose rule has run (a
+      list of every tensor, held to the end, pins every output): the activations are freed as
+      backward goes, so its peak memory stays near the forward's. Reaching a released node raises
       RuntimeError("backward: the graph was already released by a previous backward() ... pass
       retain_graph=True to the first call ...").
     - Ask each node for its rule: `node.rule` when its node type carries one (a `Function`,
@@ -216,7 +218,8 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
             if inp is not None and inp.requires_grad and id(inp) not in visited:
                 stack.append((inp, False))
     grads = {id(tensor): grad}
-    for t in reversed(order):
+    while order:   # popping: no reference to a tensor outlives its rule, so its output is freed
+        t = order.pop()
         g = grads.pop(id(t), None)
         if g is None:
             continue
