@@ -16,9 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from tito import competition as comp
+from tito import sandbox
 from tito.main import app
 
 MATMUL = comp.TASKS["matmul"]
+SANDBOXES = [m for m, available in (("bwrap", sandbox.bwrap_available), ("namespace", sandbox.namespace_available))
+             if not available()]
+SANDBOX = SANDBOXES[0] if SANDBOXES else "none"  # the sandbox `--sandbox auto` picks here
 CASES = MATMUL.quick_cases  # a (16, 8) @ b (8, 12); a (33, 17) @ b (17, 5)
 FIRST = "a (16, 8) @ b (8, 12)"
 
@@ -181,13 +185,27 @@ def test_an_infinite_loop_is_killed_at_the_timeout(tmp_path):
     src = f"import os\ndef matmul(a, b):\n    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
     write(tmp_path, {"spin": src})
     t0 = time.monotonic()
-    entry = comp.Runner(MATMUL, CASES, timeout=1.5).run("spin", tmp_path / "spin.py")
+    entry = comp.Runner(MATMUL, CASES, timeout=1.5, sandbox="none").run("spin", tmp_path / "spin.py")
     assert time.monotonic() - t0 < 10
     assert entry["status"] == "rejected"
     assert entry["reason"] == f"too slow: stopped after the 1.5 s limit (--timeout) running on input {FIRST}"
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
         os.kill(pid, 0)
+
+
+def test_a_sandboxed_kernel_and_its_children_are_killed_at_the_timeout(tmp_path):
+    """In bubblewrap the worker has its own PID namespace: killing bwrap ends everything it started."""
+    marker = f"{time.time() % 1000:.6f}"  # `sleep MARKER`: a process of the submission to look for afterwards
+    src = (f"import subprocess\ndef matmul(a, b):\n    subprocess.Popen(['sleep', '{marker}'])\n"
+           "    while True:\n        pass\n")
+    write(tmp_path, {"spin": src})
+    entry = comp.Runner(MATMUL, CASES, timeout=1.5, sandbox=SANDBOX).run("spin", tmp_path / "spin.py")
+    assert entry["reason"] == f"too slow: stopped after the 1.5 s limit (--timeout) running on input {FIRST}"
+    time.sleep(0.2)
+    import psutil
+
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
 
 
 def test_the_timeout_covers_checking_and_timing_together(tmp_path):
@@ -357,3 +375,143 @@ def test_cli_usage_errors(tmp_path):
     assert result.exit_code == 2 and "rows.py exists; pass --force to overwrite it" in result.output
     assert cli.invoke(app, ["compete", "example", str(tmp_path), "--force"]).exit_code == 0
     assert cli.invoke(app, ["compete", "tasks"]).exit_code == 0
+
+
+# ---------------------------------------------------------------------------------------------- sandbox
+
+ESCAPES = {  # each does, at import, what a sandbox must prevent; a correct kernel if it could
+    "write_outside": "from pathlib import Path\nPath({outside!r}).write_text('x')\n",
+    "write_own_folder": "from pathlib import Path\nPath(__file__).with_name('x.txt').write_text('x')\n",
+    "read_home": "from pathlib import Path\nPath({secret!r}).read_text()\n",
+    "network": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n",
+}
+KERNEL = "def matmul(a, b):\n    return a @ b\n"
+
+
+@pytest.fixture
+def escapes(tmp_path):
+    """The ESCAPES submissions in a folder any user can read (the namespace sandbox's user must reach it),
+    a secret file in the home folder, a listening socket on the host."""
+    import socket
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="tito-escapes-"))
+    outside = Path(tempfile.mkdtemp(prefix="tito-outside-"))
+    for d in (folder, outside):
+        d.chmod(0o777 if d == outside else 0o755)  # writable by the sandbox's user: only the sandbox may stop it
+    secret = tempfile.NamedTemporaryFile("w", dir=Path.home(), prefix=".tito-compete-secret-", delete=False)
+    secret.write("secret")
+    secret.close()
+    os.chmod(secret.name, 0o644)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    fmt = {"outside": str(outside / "escaped.txt"), "secret": secret.name, "port": listener.getsockname()[1]}
+    write(folder, {name: src.format(**fmt) + KERNEL for name, src in ESCAPES.items()})
+    try:
+        yield {"folder": folder, "outside": outside, "listener": listener}
+    finally:
+        listener.close()
+        os.unlink(secret.name)
+        import shutil
+
+        shutil.rmtree(folder)
+        shutil.rmtree(outside)
+
+
+def _connections(listener) -> int:
+    n = 0
+    while True:
+        try:
+            listener.accept()[0].close()
+            n += 1
+        except BlockingIOError:
+            return n
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "namespace"])
+def test_a_sandboxed_submission_cannot_write_outside_read_home_or_connect(mode, escapes):
+    if mode not in SANDBOXES:
+        pytest.skip(f"sandbox {mode} is not available here")
+    runner = comp.Runner(MATMUL, CASES[:1], timeout=20, repeats=1, sandbox=mode)
+    board, _, _ = comp.competition(escapes["folder"], MATMUL, runner, escapes["folder"] / "lb.json", baselines=False)
+    by = {e["name"]: e["reason"] for e in board["entries"]}
+    if mode == "namespace":  # the documented gap: it may write where any user may (a mode 777 folder here)
+        assert by.pop("write_outside") == ""  # accepted: its write went through
+    assert all(by.values()), by  # a reason: rejected
+    if mode == "bwrap":  # it sees nothing of the host but what is bound: the rest does not exist for it
+        assert by["write_outside"].startswith("import failed: FileNotFoundError: [Errno 2] No such file or directory")
+        assert by["read_home"].startswith("import failed: FileNotFoundError: [Errno 2] No such file or directory")
+        assert by["write_own_folder"].startswith(("import failed: OSError: [Errno 30] Read-only file system",
+                                                  "import failed: PermissionError: [Errno 13] Permission denied"))
+    else:  # the home folder is hidden (an empty mount); the rest of the file system is there, and the sandbox's
+        # user may not write into folders it does not own
+        assert by["read_home"].startswith(("import failed: FileNotFoundError", "import failed: PermissionError"))
+        assert by["write_own_folder"].startswith("import failed: PermissionError: [Errno 13] Permission denied")
+    assert by["network"].startswith(("import failed: ConnectionRefusedError",
+                                     "import failed: OSError: [Errno 101] Network is unreachable"))
+    assert not (escapes["folder"] / "x.txt").exists() and _connections(escapes["listener"]) == 0
+    if mode == "bwrap":
+        assert not (escapes["outside"] / "escaped.txt").exists()
+
+
+def test_without_a_sandbox_the_same_submissions_succeed(escapes):
+    """--sandbox none: the limits only, so each escape works (what the test above shows the sandboxes stop)."""
+    runner = comp.Runner(MATMUL, CASES[:1], timeout=20, repeats=1, min_repeat_time=0.001, sandbox="none")
+    board, _, _ = comp.competition(escapes["folder"], MATMUL, runner, escapes["folder"] / "lb.json", baselines=False)
+    assert {e["name"]: e["status"] for e in board["entries"]} == {name: "accepted" for name in ESCAPES}, board["entries"]
+    assert (escapes["outside"] / "escaped.txt").exists() and (escapes["folder"] / "x.txt").exists()
+    assert _connections(escapes["listener"]) >= 1
+
+
+@pytest.mark.skipif("bwrap" not in SANDBOXES, reason="bubblewrap is not available here")
+def test_bwrap_runs_a_file_only_its_owner_can_read(tmp_path):
+    """As root the worker runs as an unused user id: it is shown a readable copy of the folder at the same path."""
+    write(tmp_path, {"private": SUBMISSIONS["fast"], "_helper": SUBMISSIONS["_helper"]})
+    (tmp_path / "private.py").chmod(0o600)
+    tmp_path.chmod(0o700)
+    entry = comp.Runner(MATMUL, CASES[:1], repeats=1, sandbox="bwrap").run("private", tmp_path / "private.py")
+    assert entry["status"] == "accepted", entry["reason"]
+
+
+@pytest.mark.skipif("namespace" not in SANDBOXES, reason="the namespace sandbox is not available here")
+def test_a_file_the_namespace_sandbox_user_cannot_read_is_rejected_with_the_fix(tmp_path):
+    write(tmp_path, {"private": SUBMISSIONS["rows"]})
+    (tmp_path / "private.py").chmod(0o600)
+    entry = comp.Runner(MATMUL, CASES[:1], sandbox="namespace").run("private", tmp_path / "private.py")
+    blocked = next(p for p in reversed(tmp_path.parents) if not p.stat().st_mode & 0o001)  # pytest's are mode 700
+    assert entry["reason"] == (f"the sandbox's user (uid {sandbox.UID_BASE}) cannot read it: its folder {blocked} is not "
+                               f"readable by other users; `chmod a+r {tmp_path / 'private.py'}` (and a+x on its folders), "
+                               "or run with --sandbox none")
+
+
+def test_sandbox_choice_fallback_and_errors(tmp_path, monkeypatch):
+    cli = CliRunner()
+    write(tmp_path, {"rows": SUBMISSIONS["rows"]})
+    monkeypatch.setattr(sandbox, "bwrap_available", lambda: "bubblewrap is not installed (`apt-get install bubblewrap`)")
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--sandbox", "bwrap"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and ("--sandbox bwrap cannot be used: bubblewrap is not installed "
+                                      "(`apt-get install bubblewrap`)") in result.output
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--sandbox", "docker"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "--sandbox 'docker' must be one of auto, bwrap, namespace, none" in result.output
+    monkeypatch.setattr(sandbox, "namespace_available", lambda: "tito is not running as root")
+    box = comp.make_box("auto", 1 << 30)
+    assert box.mode == "none" and box.notes == ["no sandbox (bwrap not used: bubblewrap is not installed (`apt-get install "
+                                                "bubblewrap`); namespace not used: tito is not running as root); student "
+                                                "code runs with your permissions"]
+    result = cli.invoke(app, ["compete", "run", str(tmp_path), "--quick", "--repeats", "1", "--no-baselines"],
+                        env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "warning: sandbox none: submissions run as you, with the limits only" in result.output
+    assert "bwrap not used: bubblewrap is not installed" in result.output
+
+
+@pytest.mark.skipif("bwrap" not in SANDBOXES, reason="bubblewrap is not available here")
+def test_a_sandbox_that_does_not_start_says_why_in_one_line(tmp_path, monkeypatch):
+    write(tmp_path, {"rows": SUBMISSIONS["rows"]})
+    real = sandbox.Sandbox.bwrap_args
+    monkeypatch.setattr(sandbox.Sandbox, "bwrap_args", lambda self, *a, **k: [*real(self, *a, **k), "--no-such-option"])
+    with pytest.raises(comp.CourseError) as e:
+        comp.competition(tmp_path, MATMUL, comp.Runner(MATMUL, CASES, sandbox="bwrap"), tmp_path / "lb.json",
+                         baselines=False)
+    assert str(e.value) == ("sandbox bwrap: the competition worker does not start (bwrap: Unknown option "
+                            "--no-such-option); run with --sandbox none to see whether the sandbox is the cause")

@@ -30,8 +30,23 @@ Both children run in a process group of their own, with no core files, an addres
 BLAS/OpenMP limited to `threads` threads; the submission's `--timeout` covers both. An import error, an
 exception (its last line and the submission's line), a timeout and a process killed by a signal (a
 segfault in ctypes code) reject the submission with that reason; the run goes on with the next one.
-Submissions run as the user who runs `tito compete`, with those limits but not in the grading sandbox
-(tito.sandbox): run files you did not write in a container or a throwaway account.
+
+Both children also run in grading's sandbox (tito.sandbox), chosen by `--sandbox` (`auto`: the first of
+these that works here):
+- `bwrap` (bubblewrap): a new root with read-only binds of the system's /usr, the Python environment,
+  tito, the course's tinytorch and the submission's folder (only the file and its `_*` helpers when that
+  folder is a course checkout or the home folder), nothing else of the course tree or the home folder;
+  the worker's scratch folder (its results, its working directory) is the only writable host folder,
+  /tmp is private, there is no network and the PID namespace is its own (killing bwrap at the timeout
+  ends every process the submission started). As root the worker runs as an unused user id and sees a
+  readable copy of the submission's folder at the same path (its own folder may be mode 700).
+- `namespace` (root, util-linux): an unused user id with no network (`unshare --net`) in its own mount
+  and PID namespaces, the course's modules/, its git data and the home folder hidden; weaker: the rest
+  of the file system stays readable and it can write where any user may (a shared /tmp).
+- `none`: the limits only, as the user who runs `tito compete` (the run prints a warning).
+Before the first entry the worker is started once in the sandbox (`Runner.preflight`); when it cannot
+start, one line says why and what to do, as grading's preflight does. The sandbox's environment holds
+only PATH, LANG, HOME (its private /tmp), PYTHONPATH and the thread settings.
 
 Accepted entries that ran every input are ranked by the sum of their median times over the task's
 inputs ("total"), with GFLOP/s (the task's operation count over that total) and the speedup over the
@@ -44,6 +59,7 @@ are dropped (their times would not be comparable) and the run says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -51,6 +67,7 @@ import os
 import platform
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -248,24 +265,55 @@ class Runner:
     memory_bytes: int = 4 << 30
     seed: int = 17
     env: dict = field(default_factory=dict)
+    sandbox: str = "auto"  # --sandbox: auto | bwrap | namespace | none
+    box: object = None  # the tito.sandbox.Sandbox made from `sandbox`
 
     def __post_init__(self):
+        if self.box is None:
+            self.box = make_box(self.sandbox, self.memory_bytes)
         if not self.env:
-            self.env = child_env(self.threads)
+            self.env = child_env(self.threads, self.box)
 
-    def _spawn(self, job: dict, work: Path, deadline: float):
-        """Run the worker; returns (returncode or None on timeout, output tail)."""
+    def _spawn(self, job: dict, work: Path, deadline: float, file: Path | None = None):
+        """Run the worker in the sandbox; returns (returncode or None on timeout, output tail). The sandbox
+        (bwrap) sees `file`'s folder (see `visible`) and tinytorch read-only, and `work`'s folder writable."""
         from .proc import kill_group
-        from .sandbox import Sandbox
 
+        box = self.box
         log = work / "output.txt"
         cwd = work / "cwd"  # the submission's working directory: files it writes cannot pose as the worker's
         cwd.mkdir()
+        if box.drops_user:  # root: the worker runs as an unused user id, which must be able to write here
+            work.parent.chmod(0o711)
+            for d in (work, cwd):
+                os.chown(d, box.uids[0], box.uids[0])
+        shown = visible(file) if file else []
+        if box.mode == "bwrap" and box.drops_user:
+            # that user may not be allowed to read the submission's folder (mode 700, as mkdtemp makes them):
+            # it sees a readable copy instead, at the same path (outside the writable folder)
+            copy = work / "submission"
+            copy.mkdir(mode=0o755)
+            staged = []
+            for p in shown:
+                dest = copy / f"{len(staged)}"
+                if p.is_dir():
+                    shutil.copytree(p, dest, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy2(p, dest)
+                for q in [dest, *(dest.rglob("*") if dest.is_dir() else [])]:
+                    if not q.is_symlink():
+                        q.chmod(0o755 if q.is_dir() or q.stat().st_mode & stat.S_IXUSR else 0o644)
+                staged.append((dest, p))
+            shown = staged
+        ro = [p for p in (tinytorch_dir(), *shown) if p is not None]
+        if box.mode == "namespace" and file is not None:  # a submission under a hidden folder stays visible
+            box = dataclasses.replace(box, hidden=[h for h in box.hidden if h != file and h not in file.parents])
+        cmd = box.command(sys.executable, str(cwd), worker_module="tito.competition_worker", ro=tuple(ro),
+                          rw=(work,), chdir=str(cwd))
         # no core files, the address-space limit, its own session, and it dies with tito
-        preexec = Sandbox("none", memory_bytes=self.memory_bytes, max_processes=0).preexec()
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "tito.competition_worker"], stdin=subprocess.PIPE,
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=self.env, preexec_fn=preexec)
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                    env=self.env, preexec_fn=box.preexec())
             try:
                 proc.communicate(json.dumps(job).encode(), timeout=max(0.1, deadline - time.monotonic()))
                 code = proc.returncode
@@ -304,6 +352,8 @@ class Runner:
                      f"{self.task.describe(tuple(cases[i]))}")
         if code is None:
             return f"too slow: stopped after the {self.timeout:g} s limit (--timeout) {doing}"
+        if code > 128 and self.box.mode == "bwrap":  # bwrap exits with 128 + the signal that killed the worker
+            code = 128 - code
         if code < 0:
             sig = _signal_name(-code)
             hint = {"SIGSEGV": " (a crash in native code: a bad pointer or out-of-bounds access, e.g. through ctypes)",
@@ -312,6 +362,44 @@ class Runner:
             return f"the process was killed by {sig}{hint} {doing}"
         last = tail.splitlines()[-1][:300] if tail else "no output"
         return f"the process exited with code {code} {doing} (sys.exit or os._exit in the submission?); last output: {last}"
+
+    def _unreadable(self, file: Path) -> str:
+        """Why the namespace sandbox's user (an unused user id: tito runs as root) cannot read `file` ('' when it can)."""
+        box = self.box
+        if not (box.drops_user and box.mode == "namespace"):  # bwrap: a readable copy is bound (see _spawn)
+            return ""
+        from .sandbox import _unreachable
+
+        file = file.resolve()
+        blocked = _unreachable(file)
+        if blocked is None and os.stat(file).st_mode & stat.S_IROTH:
+            return ""
+        what = f"its folder {blocked}" if blocked is not None else f"the file (mode {oct(os.stat(file).st_mode & 0o777)})"
+        return (f"the sandbox's user (uid {box.uids[0]}) cannot read it: {what} is not readable by other users; "
+                f"`chmod a+r {file}` (and a+x on its folders), or run with --sandbox none")
+
+    def preflight(self) -> None:
+        """Start the worker in the sandbox as a run will; CourseError with the cause and the fix when it does not."""
+        with tempfile.TemporaryDirectory(prefix="tito-compete-") as tmp:
+            work = Path(tmp) / "preflight"
+            work.mkdir()
+            job = {"phase": "preflight", "task": self.task.name, "out": str(work)}
+            code, tail = self._spawn(job, work, time.monotonic() + max(30.0, self.timeout))
+            done = (work / "progress").exists() and (work / "progress").read_text() == "done"
+            err = json.loads((work / "error.json").read_text()) if (work / "error.json").exists() else None
+        if done and code == 0:
+            return
+        box = self.box
+        if err:
+            raise CourseError(f"sandbox {box.mode}: the competition worker cannot import what it needs ({err['error']}); "
+                              "export the course's modules (`tito export`), or run with --sandbox none to see whether "
+                              "the sandbox is the cause")
+        why = "no answer within the time limit" if code is None else (tail.splitlines()[-1][:200] if tail else
+                                                                         f"exit code {code}, no output")
+        raise CourseError(f"sandbox {box.mode}: the competition worker does not start ({why}); run with "
+                          f"--sandbox none to see whether the sandbox is the cause"
+                          + ("; with bubblewrap installed (`apt-get install bubblewrap`) --sandbox bwrap binds "
+                             "what the worker needs read-only" if box.mode == "namespace" else ""))
 
     def _check_timed(self, cases: list, timings: list, work: Path) -> str:
         """'' when every result kept while timing (see tito.competition_worker) is right for the inputs of
@@ -345,6 +433,10 @@ class Runner:
         if not cases:
             entry["reason"] = "no input of this run is small enough for it"
             return entry
+        unreadable = self._unreadable(Path(file))
+        if unreadable:
+            entry["reason"] = unreadable
+            return entry
         deadline = time.monotonic() + self.timeout
         with tempfile.TemporaryDirectory(prefix="tito-compete-") as tmp:
             base = {"task": task.name, "file": str(Path(file).resolve()), "cases": [list(c) for c in cases],
@@ -354,7 +446,7 @@ class Runner:
                 work = Path(tmp) / phase
                 work.mkdir()
                 job = {**base, "phase": phase, "out": str(work)}
-                code, tail = self._spawn(job, work, deadline)
+                code, tail = self._spawn(job, work, deadline, Path(file).resolve())
                 try:  # what the worker left: unreadable only if the submission tampered with it
                     why = self._failure(cases, work, code, tail, kind)
                     if not why and phase == "results":
@@ -384,17 +476,88 @@ class Runner:
         return entry
 
 
-def child_env(threads: int) -> dict:
-    """The workers' environment: this course's tinytorch and tito importable, BLAS/OpenMP on `threads` threads."""
-    from .course import edition_env, find_root
+def course_root() -> Path | None:
+    from .course import find_root
 
-    env = dict(os.environ)
     try:
-        env = edition_env(find_root())
+        return find_root()
     except CourseError:
-        pass  # outside a course checkout: the installed tinytorch
+        return None  # outside a course checkout: the installed tinytorch
+
+
+def tinytorch_dir() -> Path | None:
+    """The tinytorch package the workers import: this course's (its root comes first on their PYTHONPATH),
+    else the installed one."""
+    root = course_root()
+    if root is not None and (root / "tinytorch" / "__init__.py").is_file():
+        return (root / "tinytorch").resolve()
+    import importlib.util
+
+    spec = importlib.util.find_spec("tinytorch")
+    return Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
+
+
+def visible(file: Path) -> list[Path]:
+    """What the sandbox shows of a submission (read-only): its folder (its helpers `_*.py`, a compiled
+    library it loads), or, when that folder is a course checkout or the home folder (or above it), only
+    the file and its `_*` helpers."""
+    folder = file.parent
+    home = Path.home().resolve()
+    from .sandbox import _is_checkout
+
+    if _is_checkout(folder) or folder == home or folder in home.parents:
+        return [file, *sorted(folder.glob("_*"))]
+    return [folder]
+
+
+def make_box(mode: str, memory_bytes: int):
+    """The sandbox of `tito compete run --sandbox MODE` (tito.sandbox, as grading uses it): no network in
+    either sandbox; namespace mode also hides the course's modules/, its git data and the home folder
+    where no needed path lies under them."""
+    from .sandbox import make_sandbox
+
+    root = course_root()
+    tt = tinytorch_dir()
+    needed = [p for p in (tt, Path(tempfile.gettempdir()) / "tito-compete-x") if p is not None]
+    keep = [Path(sys.prefix).resolve(), Path(sys.executable).resolve(), Path(__file__).resolve().parent, *needed]
+    hidden = [p for p in ([root / "modules"] if root else []) + [Path.home()]
+              if not any(p.resolve() == q or p.resolve() in q.parents for q in keep)]
+    box = make_sandbox(mode, hidden, root or Path(__file__).resolve().parent.parent, memory_bytes,
+                       max_processes=0, setting="--sandbox", needed=tuple(needed))
+    box.network = False
+    return box
+
+
+def describe_box(box) -> str:
+    """One line: where the submissions run (printed by `tito compete run`)."""
+    who = f"as an unused user id ({box.uids[0]})" if box.drops_user and box.uids else "as you"
+    if box.mode == "bwrap":
+        return (f"sandbox bwrap: each submission runs {who} in bubblewrap, with no network and its own PID "
+                "namespace; it sees, read-only, the system's /usr, the Python environment, tito, tinytorch and "
+                "its own folder, and writes only its scratch folder and a private /tmp")
+    if box.mode == "namespace":
+        return (f"sandbox namespace: each submission runs {who} with no network, in its own mount and PID "
+                f"namespaces; hidden from it: {', '.join(str(p) for p in box.hidden) or 'nothing'}; the rest of "
+                "the file system stays readable, and it can write where any user may")
+    return ("sandbox none: submissions run as you, with the limits only (address space, no core files, "
+            "a process group, the timeout)" + (f"; {'; '.join(box.notes)}" if box.notes else ""))
+
+
+def child_env(threads: int, box=None) -> dict:
+    """The workers' environment: this course's tinytorch and tito importable, BLAS/OpenMP on `threads` threads.
+    In a sandbox: only the sandbox's few variables (PATH, LANG, ...) and these; without one, tito's own."""
+    root = course_root()
+    if box is not None and box.mode != "none":
+        env = box.env()
+        env["MPLBACKEND"] = "Agg"
+    else:
+        env = dict(os.environ)
+        if root is not None:
+            env["MPLBACKEND"] = "Agg"
     here = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([*([str(root)] if root else []), here,
+                                         *filter(None, [os.environ.get("PYTHONPATH") if box is None or box.mode == "none"
+                                                        else None])])
     for var in THREAD_VARS:
         env[var] = str(threads)
     return env
@@ -561,6 +724,7 @@ def competition(path: Path, task: Task, runner: Runner, out: Path, baselines: bo
         raise CourseError(f"--out {out}: the leaderboard is a JSON file (its Markdown table is written beside it "
                           "with the suffix .md); pass a name ending in .json")
     old = load_board(out)
+    runner.preflight()
     board = new_board(runner)
     todo = [(b.name, KERNELS / b.file, b.kind, b.max_flops) for b in task.baselines] if baselines else []
     todo += [(f.stem, f, "submission", None) for f in files]

@@ -7,6 +7,8 @@
 `results`: imports the file, calls its function once on each case's inputs and saves what it returned to
 `out/result_I.npy` (anything but an ndarray is described in `out/result_I.json` instead). The parent
 process checks them against its own reference: a submission cannot change how it is judged.
+`preflight`: imports what the other phases need, nothing of a submission (`tito compete run` checks
+that the worker starts in its sandbox before any submission runs).
 `timing`: times the function on each case with `tinytorch.perf.measure.time_call` and writes
 `out/timing.json`. Before every call, one element of the first input is changed (restoring the one
 changed before: tito.competition.perturbation), so that no two calls see the same inputs; the results
@@ -132,6 +134,14 @@ def main() -> int:
     from tito.competition import TASKS
 
     task = TASKS[job["task"]]
+    if job["phase"] == "preflight":  # tito compete's check that the worker starts in its sandbox
+        try:
+            import tinytorch.perf.measure  # noqa: F401
+        except BaseException as e:
+            (out / "error.json").write_text(json.dumps({"stage": "import", "error": _error(e, __file__)["error"]}))
+            return 0
+        progress.write_text("done")
+        return 0
     try:
         fn = load(job["file"], task.func, {t.func: t.name for t in TASKS.values()})
     except BaseException as e:  # the submission's module: anything may come out of it

@@ -114,6 +114,9 @@ class Sandbox:
     # namespace mode: False when the course or its Python environment lives under /tmp: a private /tmp
     # would hide them, so /dev/shm (private all the same) becomes the submission's folder
     private_tmp: bool = True
+    # namespace mode: False cuts the network (`unshare --net`; bwrap always does). Grading keeps it: the
+    # notebook's kernel talks to nbclient over localhost. `tito compete`'s worker needs none.
+    network: bool = True
 
     @property
     def drops_user(self) -> bool:
@@ -137,8 +140,12 @@ class Sandbox:
     def _uid(self, slot: int) -> int:
         return self.uids[slot % len(self.uids)]
 
-    def command(self, python: str, workdir: str, slot: int = 0) -> list[str]:
-        worker = [python, "-m", "tito.grade_worker"]
+    def command(self, python: str, workdir: str, slot: int = 0, worker_module: str = "tito.grade_worker",
+                ro: tuple = (), rw: tuple = (), chdir: str | None = None) -> list[str]:
+        """The command line that starts `python -m worker_module` in this sandbox. bwrap only: `ro` and `rw`
+        are host paths bound read-only / writable at the same path (or (host path, path inside) pairs),
+        `chdir` the working directory."""
+        worker = [python, "-m", worker_module]
         if self.mode == "none":
             return worker
         drop = []
@@ -148,13 +155,13 @@ class Sandbox:
                     "--bounding-set=-all", "--"]
         if self.mode == "namespace":
             uid = self._uid(slot) if self.drops_user else os.getuid()
-            return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation",
+            return ["unshare", "--mount", "--pid", *([] if self.network else ["--net"]), "--fork", "--kill-child", "--mount-proc", "--propagation",
                     "private", "--", "/bin/sh", "-c", _NS_SCRIPT, "tinytorch-sandbox", str(uid), str(uid),
                     str(self.tmp_bytes), "1" if self.private_tmp else "0", *[str(p) for p in self.hidden],
                     "--", *worker]
-        return [*self.bwrap_args(), "--", *drop, *worker]
+        return [*self.bwrap_args(ro, rw, chdir), "--", *drop, *worker]
 
-    def bwrap_args(self) -> list[str]:
+    def bwrap_args(self, ro: tuple = (), rw: tuple = (), chdir: str | None = None) -> list[str]:
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--hostname", "tinytorch-grading"]
         if os.geteuid() != 0:
@@ -185,7 +192,15 @@ class Sandbox:
                         / "site-packages" / "tinytorch"):  # imports only the prerequisite copy
                 if pkg.is_dir() and not pkg.is_symlink():
                     args += ["--tmpfs", str(pkg)]
-        args += ["--chdir", "/tmp", "--setenv", "TMPDIR", "/tmp"]
+        for binds, how in ((ro, "--ro-bind"), (rw, "--bind")):
+            for p in binds:  # a path, or (host path, path in the sandbox)
+                src, p = (Path(p[0]), Path(p[1])) if isinstance(p, tuple) else (Path(p).resolve(), Path(p).resolve())
+                for parent in reversed(p.parents):
+                    if parent != Path("/") and parent not in made and str(parent) not in ("/tmp", "/usr"):
+                        args += ["--perms", "0755", "--dir", str(parent)]
+                        made.add(parent)
+                args += [how, str(src), str(p)]
+        args += ["--chdir", chdir or "/tmp", "--setenv", "TMPDIR", "/tmp"]
         return args
 
     def workdir_base(self) -> str:
@@ -280,10 +295,14 @@ def namespace_available() -> str:
 
 
 def make_sandbox(mode: str, hidden: list[Path], root: Path, memory_bytes: int, workers: int = 1,
-                 max_processes: int = 256) -> Sandbox:
-    """The sandbox for this run; `mode` is settings.ini's auto | bwrap | namespace | none."""
+                 max_processes: int = 256, setting: str = "[grading] sandbox =", needed: tuple = ()) -> Sandbox:
+    """The sandbox for this run; `mode` is settings.ini's auto | bwrap | namespace | none. `setting`: how
+    errors name the choice (`--sandbox` for tito compete); `needed`: more paths the worker must see
+    (namespace mode: /tmp is private only when none of them lies under it)."""
     if mode not in MODES:
-        raise CourseError(f"settings.ini: [grading] sandbox = {mode!r} must be one of {', '.join(MODES)}")
+        if setting.startswith("["):
+            raise CourseError(f"settings.ini: {setting} {mode!r} must be one of {', '.join(MODES)}")
+        raise CourseError(f"{setting} {mode!r} must be one of {', '.join(MODES)}")
     kw = dict(memory_bytes=memory_bytes, max_processes=max_processes,
               uids=_free_uids(max(1, workers)) if os.geteuid() == 0 else [])
     if mode == "none":
@@ -295,13 +314,13 @@ def make_sandbox(mode: str, hidden: list[Path], root: Path, memory_bytes: int, w
         why_not = check()
         if why_not:
             if mode == candidate:
-                raise CourseError(f"[grading] sandbox = {candidate} cannot be used: {why_not}")
+                raise CourseError(f"{setting} {candidate} cannot be used: {why_not}")
             notes.append(f"{candidate} not used: {why_not}")
             continue
         if candidate == "bwrap":
             return Sandbox("bwrap", notes=notes, **kw)
         paths = [p for p in [*hidden, *_git_dirs(root)] if p.exists()]
-        needed = [Path(sys.prefix), Path(sys.executable).resolve(), Path(__file__).resolve().parent, root]
+        needed = [Path(sys.prefix), Path(sys.executable).resolve(), Path(__file__).resolve().parent, root, *needed]
         private_tmp = not any(Path("/tmp") in p.resolve().parents for p in needed) or not Path("/dev/shm").is_dir()
         if not private_tmp:
             notes.append("the course or its Python lives under /tmp, so /tmp stays the host's; each submission "

@@ -30,6 +30,8 @@ def run(
     quick: bool = typer.Option(False, "--quick", help="small inputs only (try a submission out; not for ranking)"),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="also time the NumPy reference and the course's kernels"),
+    sandbox: str = typer.Option("auto", "--sandbox", help="where submissions run: auto (bwrap if it works here, "
+                                "else namespace, else none) | bwrap | namespace | none (tito.sandbox)"),
 ) -> None:
     """Check each submission against the reference, time the correct ones, write the leaderboard.
 
@@ -41,10 +43,15 @@ def run(
     if out is None:
         out = (submissions if submissions.is_dir() else submissions.parent) / f"leaderboard-{t.name}.json"
     runner = comp.Runner(t, cases, timeout=timeout, repeats=repeats, threads=threads,
-                         memory_bytes=int(memory_gb * 2 ** 30))
+                         memory_bytes=int(memory_gb * 2 ** 30), sandbox=sandbox)
     console.print(f"[bold]task {t.name}[/]: {escape(t.signature)}")
     console.print(f"inputs: {escape('; '.join(t.describe(c) for c in cases))}")
     console.print(f"tolerance: {escape(t.tolerance)}")
+    if runner.box.mode == "none":
+        console.print(f"[yellow]warning:[/] {escape(comp.describe_box(runner.box))}; run files you did not write "
+                      "in a container or a throwaway account", soft_wrap=True)
+    else:
+        console.print(escape(comp.describe_box(runner.box)), soft_wrap=True)
 
     def progress(event, name, entry):
         if event == "start":
