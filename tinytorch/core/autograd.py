@@ -493,9 +493,26 @@ def gelu_backward(grad, node):
     """
     ### BEGIN SOLUTION
     (x,) = node.saved
-    t = np.tanh(GELU_C * (x + 0.044715 * x * x * x))
-    du = GELU_C * (1 + 3 * 0.044715 * x * x)
-    return (grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du),)
+    # 0.5 (1 + t) + 0.5 x (1 - t^2) du  =  0.5 (1 + t) (1 + x du (1 - t)),  t = tanh(u), du = u'(x);
+    # computed in two buffers, in place: an MLP's activation is the largest array of a GPT step
+    t = np.multiply(x, x, out=np.empty_like(x))                  # out=: a 0-d input stays an array
+    xdu = np.multiply(t, 3 * 0.044715, out=np.empty_like(x))
+    t *= 0.044715
+    t += 1.0
+    t *= x
+    t *= GELU_C
+    np.tanh(t, out=t)                       # t
+    xdu += 1.0
+    xdu *= GELU_C
+    xdu *= x                                # x du
+    t -= 1.0
+    xdu *= t                                # x du (t - 1)
+    np.subtract(1.0, xdu, out=xdu)          # 1 + x du (1 - t)
+    t += 2.0                                # 1 + t
+    xdu *= t
+    xdu *= 0.5
+    xdu *= grad
+    return (xdu,)
     ### END SOLUTION
 
 
