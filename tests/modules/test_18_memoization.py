@@ -189,6 +189,7 @@ def test_generate_cached_errors_are_exact(kwargs, message):
 
 # ---------------------------------------------------------------- 4.1 FusedGPT (given code)
 
+@pytest.mark.exercise("18.1", "KVCache.update")
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), b=st.integers(1, 3), prefill=st.integers(1, 8), steps=st.integers(0, 4),
        pad=st.integers(0, 3))
@@ -218,6 +219,7 @@ def test_fused_engine_logits_equal_the_models(seed, b, prefill, steps, pad):
         np.testing.assert_allclose(a.v[:, :, :a.seq_len], c.v[:, :, :c.seq_len], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.exercise("18.2", "cached_decode")
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), t=st.integers(1, 12), new=st.integers(0, 16),
        temperature=st.sampled_from([0.0, 0.5, 1.0]), top_k=st.sampled_from([None, 1, 3, 50]), b=st.integers(1, 2))
@@ -228,8 +230,7 @@ def test_fused_cached_generation_is_token_identical(seed, t, new, temperature, t
     plain = model.generate(prompt, new, temperature=temperature, top_k=top_k, seed=seed)
     fused = generate_cached(model, prompt, new, temperature=temperature, top_k=top_k, seed=seed, engine="fused")
     np.testing.assert_array_equal(fused, plain, err_msg=f"prompt {t}, {new} new, T={temperature}, top_k={top_k}")
-
-
+@pytest.mark.exercise("18.2", "cached_decode")
 def test_fused_generation_matches_torch_and_makes_no_op_records():
     from tinytorch.core.tensor import observe_ops
     model = GPT(vocab_size=65, context_length=48, embed_dim=32, num_heads=4, num_layers=2, rng=3)
@@ -245,8 +246,7 @@ def test_fused_generation_matches_torch_and_makes_no_op_records():
         from tests.support.torch_kv import TorchCachedGPT
         expected = TorchCachedGPT(torch, model).generate(prompt, 32, temperature=0.8, top_k=5, seed=11)
     np.testing.assert_array_equal(ours, expected)
-
-
+@pytest.mark.exercise("18.4", "PagedKVCache.gather")
 def test_fused_engine_works_through_a_paged_cache_and_refuses_what_it_cannot_run():
     model = small_model(2, context=16)
     ids = np.random.default_rng(4).integers(0, 13, (1, 9))
