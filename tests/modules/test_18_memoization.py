@@ -195,8 +195,8 @@ def test_generate_cached_errors_are_exact(kwargs, message):
        pad=st.integers(0, 3))
 def test_fused_engine_logits_equal_the_models(seed, b, prefill, steps, pad):
     """FusedGPT's logits equal GPT.forward's within float32 rounding: a full forward, a left-padded batch
-    (attention_mask), and a prefill followed by one-token steps through KVCaches (and PyTorch's cached
-    forward, when installed); the caches it fills hold the model's keys and values."""
+    (attention_mask), and a prefill followed by one-token steps through KVCaches; the caches it fills
+    hold the model's keys and values."""
     model = small_model(seed % 4, context=16)
     engine = FusedGPT(model)
     ids = np.random.default_rng(seed).integers(0, 13, (b, prefill + steps))
