@@ -3,7 +3,8 @@
 Modules 01-06 and 11-13 train a small character-level GPT on the bundled corpus for a few seconds;
 module 18 then serves it: `generate_cached` (a preallocated `KVCache` per block) must write exactly
 the story `generate` writes for the same seed, at several temperatures and past the context (where
-the window slides), with a single prefill and one one-token forward per step. Three prompts are then
+the window slides), with a single prefill and one one-token forward per step, and so must the same
+loop run by `FusedGPT` (`engine="fused"`). Three prompts are then
 decoded interleaved from one small `PagedKVCache`, a finished one freeing its blocks for a new
 request, and each must get the tokens of its own contiguous greedy decoding; a request the pool
 cannot hold is refused without disturbing the others.
@@ -57,6 +58,9 @@ def test_cached_and_paged_serving_of_a_trained_gpt():
         cached = generate_cached(model, prompt, 30, **kw)
         assert np.array_equal(cached, plain), (f"{kw}: cached text {''.join(chars[i] for i in cached[0])!r} differs "
                                                f"from generate's {''.join(chars[i] for i in plain[0])!r}")
+        fused = generate_cached(model, prompt, 30, engine="fused", **kw)   # the same loop on FusedGPT
+        assert np.array_equal(fused, plain), (f"{kw}: fused-engine text {''.join(chars[i] for i in fused[0])!r} "
+                                              f"differs from generate's {''.join(chars[i] for i in plain[0])!r}")
     calls = []
     h = model.register_forward_pre_hook(lambda m, args: calls.append(np.shape(args[0])[1]))
     generate_cached(model, prompt, 5, temperature=0)
