@@ -219,3 +219,66 @@ def test_forward_hooks_give_every_op_of_the_gpt_its_module_path():
                       + ["head"])
     assert matmul_paths == expected, f"modules whose ops include a matmul: {matmul_paths}; expected {expected}"
     assert not any(m._forward_hooks or m._forward_pre_hooks for _, m in model.named_modules()), "all hooks removed"
+
+
+# ------------------------------------------------------------------ in-place ops are shown to the observers too
+def inplace_records(fn) -> list:
+    records = []
+    with observe_ops(lambda node, out: records.append((node, out))):
+        fn()
+    return records
+
+
+@pytest.mark.parametrize("grad_mode", ["no_grad", "plain"])
+def test_in_place_ops_report_a_record_to_the_observers(grad_mode):
+    w = Tensor(np.zeros((2, 3), np.float32), requires_grad=grad_mode == "no_grad")
+    u = Tensor(np.ones(3, np.float32))
+    calls = [("add_", lambda: w.add_(u), (w, u), {}),
+             ("add_", lambda: w.add_(u, alpha=0.5), (w, u), {"alpha": 0.5}),
+             ("sub_", lambda: w.sub_(2.0), (w, None), {"other": 2.0}),
+             ("mul_", lambda: w.mul_(u), (w, u), {}),
+             ("fill_", lambda: w.fill_(3), (w, None), {"value": 3}),
+             ("zero_", lambda: w.zero_(), (w, None), {"value": 0}),
+             ("copy_", lambda: w.copy_(u), (w, u), {})]
+    for op, call, inputs, attrs in calls:
+        def run():
+            if grad_mode == "no_grad":
+                with no_grad():
+                    call()
+            else:
+                call()
+        records = inplace_records(run)
+        assert len(records) == 1, f"{op} must report exactly one record; got {[n.op for n, _ in records]}"
+        node, out = records[0]
+        assert node.op == op and out is w, f"{op}: record of op {node.op!r}, out is the changed tensor: {out is w}"
+        assert len(node.inputs) == len(inputs) and all(a is b for a, b in zip(node.inputs, inputs)), (
+            f"{op}: inputs must be (the tensor, the operand or None for a constant); got {node.inputs}")
+        assert dict(node.attrs) == attrs, f"{op}: attrs {dict(node.attrs)}; expected {attrs}"
+        assert node.shape == (2, 3) and node.dtype == np.float32 and w.grad_fn is None
+    with no_grad():
+        records = inplace_records(lambda: w.copy_(np.full((2, 3), 7.0)))
+    assert records[0][0].inputs == (w, None) and np.array_equal(records[0][0].attrs["src"], np.full((2, 3), 7.0))
+    assert np.array_equal(w.data, np.full((2, 3), 7.0)), "the record is made after the change: out holds the new values"
+
+
+def test_refused_in_place_ops_report_nothing_and_an_observer_sees_an_optimizer_step():
+    from tinytorch.core.tensor import INPLACE_OPS
+
+    w = Tensor(np.ones(3, np.float32), requires_grad=True)
+    records = []
+    with observe_ops(lambda node, out: records.append(node.op)):
+        with pytest.raises(RuntimeError, match="cannot be changed in place"):
+            w.add_(1.0)
+        with pytest.raises(RuntimeError, match="the operand requires grad"):
+            Tensor(np.ones(3, np.float32)).add_(w, alpha=2)   # alpha does not bypass the check
+    assert records == [], f"a refused in-place op changes nothing and reports nothing; got {records}"
+    assert INPLACE_OPS == {"add_", "sub_", "mul_", "fill_", "zero_", "copy_"}
+    # an SGD-like step under no_grad: every update is an in-place record on the parameter
+    model = Sequential(Linear(4, 3, rng=0), ReLU(), Linear(3, 2, rng=1))
+    model(Tensor(np.ones((5, 4), np.float32))).sum().backward()
+    seen = []
+    with no_grad(), observe_ops(lambda node, out: seen.append((node.op, out))):
+        for p in model.parameters():
+            p.sub_(p.grad, alpha=0.1)
+    assert [op for op, _ in seen] == ["sub_"] * len(model.parameters()) and all(
+        out is p for (_, out), p in zip(seen, model.parameters())), f"one sub_ record per parameter; got {seen}"

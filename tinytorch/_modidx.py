@@ -403,6 +403,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor.Tensor._reflected': ( '01_tensor/tensor.html#tensor._reflected',
                                                                                     'tinytorch/core/tensor.py'),
+                                       'tinytorch.core.tensor.Tensor._report_inplace': ( '01_tensor/tensor.html#tensor._report_inplace',
+                                                                                         'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor.Tensor._unary': ( '01_tensor/tensor.html#tensor._unary',
                                                                                 'tinytorch/core/tensor.py'),
                                        'tinytorch.core.tensor.Tensor._version': ( '01_tensor/tensor.html#tensor._version',

@@ -482,6 +482,21 @@ def test_size_dispatch_uses_the_threshold():
     assert t in (0, 8 ** 3, 16 ** 3), f"measure_threshold returns n^3 of a measured size or 0; got {t}"
 
 
+def test_trace_and_compile_refuse_in_place_ops_naming_them():
+    def scaled(x):
+        y = x * 2.0
+        y.add_(1.0)
+        return y
+    with pytest.raises(RuntimeError, match=r"trace: scaled changes a tensor of shape \(3,\) in place \(add_\)"):
+        acc.trace(scaled, np.ones(3, np.float32))
+
+    def clamped(x):
+        y = x - 1.0
+        return y.mul_(y > 0)   # what relu_ does
+    with pytest.raises(RuntimeError, match=r"in place \(mul_\).*out-of-place"):
+        acc.compile(clamped, backend="numpy")(np.ones(3, np.float32))
+
+
 # ---------------------------------------------------------------------------------------------
 # 17.8: relu_, an in-place ReLU for inference (and the version check it feeds)
 # ---------------------------------------------------------------------------------------------

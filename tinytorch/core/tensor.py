@@ -11,9 +11,9 @@ import weakref
 import numpy as np
 
 # %% auto #0
-__all__ = ['broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'array_version', 'has_inplace_changes',
-           'saved_arrays', 'ObserverHandle', 'add_op_observer', 'observe_ops', 'Tensor', 'where', 'concatenate',
-           'stack']
+__all__ = ['INPLACE_OPS', 'broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'array_version',
+           'has_inplace_changes', 'saved_arrays', 'ObserverHandle', 'add_op_observer', 'observe_ops', 'Tensor', 'where',
+           'concatenate', 'stack']
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-broadcast-shape
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
@@ -278,6 +278,10 @@ def _notify(node: Node, out) -> None:
         _NOTIFYING = False
         _OP_OBSERVERS = tuple(_OBSERVER_LIST)
 
+
+# In-place ops report a record too (after the change; `out` is the changed tensor, also inputs[0]).
+INPLACE_OPS = frozenset({"add_", "sub_", "mul_", "fill_", "zero_", "copy_"})
+
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-class
 _new = object.__new__
 
@@ -294,7 +298,8 @@ class Tensor:
     shows every result to the op observers, if any (`add_op_observer`).
 
     In-place ops (`add_`, `sub_`, `mul_`, `zero_`, `fill_`, `copy_`: PyTorch's names, each returning
-    the tensor itself) change the buffer and count the change in `_version`.
+    the tensor itself) change the buffer, count the change in `_version` and show it to the op
+    observers.
     """
 
     __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_retains_grad", "__weakref__")
@@ -515,9 +520,12 @@ class Tensor:
                                  f"the tensor (an in-place op keeps the shape): use the out-of-place op")
         return b
 
-    def _inplace(self, fn, other, op: str) -> "Tensor":
-        "Apply the ufunc `fn(self, other)` into this tensor's own buffer; count the change."
+    def _inplace(self, fn, other, op: str, alpha=1) -> "Tensor":
+        "Apply the ufunc `fn(self, alpha * other)` into this tensor's own buffer; count the change; tell the observers."
         b = self._inplace_operand(other, op)
+        given = b
+        if alpha != 1:
+            b = (b if isinstance(b, np.ndarray) else np.asarray(b)) * alpha
         try:
             fn(self.data, b, out=self.data, casting="same_kind")
         except TypeError:  # NumPy's UFuncTypeError: e.g. a float result into an int buffer
@@ -529,19 +537,29 @@ class Tensor:
                 raise
             raise ValueError(f"{op}: this tensor's buffer is read-only (a broadcast view): clone() it first") from None
         _bump_version(self.data)
+        if _OP_OBSERVERS:
+            self._report_inplace(op, other, "other", given, None if alpha == 1 else {"alpha": alpha})
         return self
+
+    def _report_inplace(self, op: str, operand, name: str, value, attrs=None) -> None:
+        """Show an in-place change to the op observers: a record of op `op` whose `out` is this tensor.
+
+        `inputs` is `(self, operand)` for a Tensor operand, else `(self, None)` with the constant
+        operand's `value` in `attrs[name]` (as `x * 0.5` records `{'other': 0.5}`).
+        """
+        if isinstance(operand, Tensor):
+            inputs = (self, operand)
+        else:
+            inputs, attrs = (self, None), {name: value, **(attrs or {})}
+        _notify((_NODE_TYPES.get(op) or node_type(op))(inputs, (), attrs, self.data.shape, self.data.dtype), self)
 
     def add_(self, other, alpha=1) -> "Tensor":
         "`self += alpha * other` in place (the same buffer); returns self. See `_inplace_operand` for when it is refused."
-        if alpha != 1:
-            other = (other.data if isinstance(other, Tensor) else np.asarray(other)) * alpha
-        return self._inplace(np.add, other, "add_")
+        return self._inplace(np.add, other, "add_", alpha)
 
     def sub_(self, other, alpha=1) -> "Tensor":
         "`self -= alpha * other` in place; returns self."
-        if alpha != 1:
-            other = (other.data if isinstance(other, Tensor) else np.asarray(other)) * alpha
-        return self._inplace(np.subtract, other, "sub_")
+        return self._inplace(np.subtract, other, "sub_", alpha)
 
     def mul_(self, other) -> "Tensor":
         "`self *= other` in place; returns self."
@@ -561,11 +579,16 @@ class Tensor:
             raise ValueError(f"{op}: the value must be a single number; got an array of shape {np.shape(value)} "
                              f"(use copy_ to copy an array in)")
         self._write(value, op)
+        if _OP_OBSERVERS:
+            self._report_inplace(op, None, "value", value)
         return self
 
     def copy_(self, src) -> "Tensor":
         "Copy `src` (broadcast to this shape, cast to this dtype as in PyTorch) into this buffer; returns self."
-        self._write(self._inplace_operand(src, "copy_"), "copy_")
+        value = self._inplace_operand(src, "copy_")
+        self._write(value, "copy_")
+        if _OP_OBSERVERS:
+            self._report_inplace("copy_", src, "src", value)
         return self
 
     def _write(self, value, op: str) -> None:

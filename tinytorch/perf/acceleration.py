@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.tensor import Tensor, is_grad_enabled, observe_ops, set_grad_enabled
+from ..core.tensor import INPLACE_OPS, Tensor, is_grad_enabled, observe_ops, set_grad_enabled
 
 # %% auto #0
 __all__ = ['EAGER_OPS', 'ELEMENTWISE', 'FOLD_LIMIT', 'C_FLAGS', 'LINK_FLAGS', 'PASSES', 'cache_sizes', 'naive_matmul',
@@ -287,6 +287,8 @@ def trace(fn, *example_inputs) -> Graph:
     reads without computing them (parameters, constants) become graph constants. Ops run under
     no-grad: a graph is for inference. Turning a traced value into a Python value (`if t > 0:`,
     `float(t)`) is recorded in `graph.conversions` (the trace then holds for that path only).
+    An in-place op (`add_`, `mul_`, `copy_`, ...: module 01's `INPLACE_OPS`) raises a RuntimeError
+    naming it: a graph holds values, not buffers, so a replay would not make the change.
     """
     tensors = [x if isinstance(x, Tensor) else Tensor(x) for x in example_inputs]
     names = {id(t): f"x{i}" for i, t in enumerate(tensors)}
@@ -302,6 +304,12 @@ def trace(fn, *example_inputs) -> Graph:
         return name
 
     def record(node, out):
+        if node.op in INPLACE_OPS:
+            raise RuntimeError(
+                f"trace: {getattr(fn, '__name__', 'fn')} changes a tensor of shape {tuple(node.shape)} in place "
+                f"({node.op}); a traced graph holds values, not buffers, so its replay would not make that change. "
+                f"Use the out-of-place op in traced and compiled functions (`x = x + y` for `x.add_(y)`, "
+                f"`x * (x > 0)` for `relu_(x)`)")
         args = tuple(value_of(t) for t in node.inputs if t is not None)
         name = names[id(out)] = f"%{len(graph.nodes)}"
         keep.append(out)
