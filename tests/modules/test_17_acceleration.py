@@ -482,6 +482,142 @@ def test_size_dispatch_uses_the_threshold():
     assert t in (0, 8 ** 3, 16 ** 3), f"measure_threshold returns n^3 of a measured size or 0; got {t}"
 
 
+# ---------------------------------------------------------------------------------------------
+# Compute backends: what eager ops (module 01's seam) and compiled graphs run their arithmetic on
+# ---------------------------------------------------------------------------------------------
+class CountingBackend(acc.NumpyBackend):
+    "NumPy, recording each call as (method, op name or 'matmul', operand shapes)."
+
+    def __init__(self):
+        self.calls = []
+
+    def matmul(self, a, b):
+        self.calls.append(("matmul", a.shape, b.shape))
+        return super().matmul(a, b)
+
+    def binary(self, op, ufunc, a, b):
+        self.calls.append((op, np.shape(a), np.shape(b)))
+        return super().binary(op, ufunc, a, b)
+
+    def unary(self, op, ufunc, a):
+        self.calls.append((op, np.shape(a)))
+        return super().unary(op, ufunc, a)
+
+
+def test_eager_matmul_conv_and_arithmetic_go_through_the_backend():
+    from tinytorch.core.spatial import Conv2d
+
+    rng = np.random.default_rng(0)
+    a, b = Tensor(f32(rng, (3, 4))), Tensor(f32(rng, (4, 5)))
+    conv = Conv2d(2, 3, 3, padding=1, rng=0)
+    x = Tensor(f32(rng, (2, 2, 5, 5)))
+    want = {"matmul": (a @ b).data, "conv": conv(x).data, "add": (a + 1.0).data, "rsub": (2.0 - a).data,
+            "mul": (a * a).data, "exp": a.exp().data, "neg": (-a).data}
+    counting = CountingBackend()
+    with acc.use_backend(counting):
+        got = {"matmul": (a @ b).data}
+        assert counting.calls == [("matmul", (3, 4), (4, 5))], f"a @ b must call the backend's matmul once; calls {counting.calls}"
+        counting.calls.clear()
+        got["conv"] = conv(x).data
+        assert [c[0] for c in counting.calls] == ["matmul"] and counting.calls[0][1:] == ((3, 18), (18, 50)), (
+            f"Conv2d's forward must make its one im2col product (3, 18) @ (18, 50) on the backend; calls {counting.calls}")
+        counting.calls.clear()
+        got["add"], got["rsub"], got["mul"] = (a + 1.0).data, (2.0 - a).data, (a * a).data
+        got["exp"], got["neg"] = a.exp().data, (-a).data
+        assert [c[0] for c in counting.calls] == ["add", "sub", "mul", "exp", "neg"], (
+            f"+, reflected -, *, exp and unary - must go through the backend's binary/unary; calls {counting.calls}")
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}: a NumPy backend must give NumPy's result")
+    counting.calls.clear()
+    (a @ b) + b.sum() * a.exp().sum()
+    assert counting.calls == [], "after the block the ops must not call the backend any more"
+
+
+def mlp_and_conv_results(rng_seed=0):
+    "Forward outputs and every parameter's gradient of a Linear, a Conv2d and a 3-layer MLP."
+    from tinytorch.core.activations import ReLU
+    from tinytorch.core.layers import Sequential
+    from tinytorch.core.spatial import Conv2d
+
+    rng = np.random.default_rng(rng_seed)
+    models = {"linear": Linear(24, 40, rng=1), "conv": Conv2d(3, 8, 3, stride=1, padding=1, rng=2),
+              "mlp": Sequential(Linear(24, 96, rng=3), ReLU(), Linear(96, 64, rng=4), GELU(), Linear(64, 10, rng=5))}
+    inputs = {"linear": f32(rng, (16, 24)), "conv": f32(rng, (2, 3, 9, 9)), "mlp": f32(rng, (33, 24))}
+    results = {}
+    for name, model in models.items():
+        for p in model.parameters():
+            p.grad = None
+        x = Tensor(inputs[name], requires_grad=True)
+        out = model(x)
+        (out * out).sum().backward()
+        results[name] = [out.data, x.grad.data] + [p.grad.data for p in model.parameters()]
+    return results
+
+
+@pytest.mark.parametrize("make", [
+    lambda: acc.BlockedBackend(),
+    lambda: acc.SizeDispatch(acc.BlockedBackend(), acc.NumpyBackend(), 16 * 40 * 24),  # both sides are used
+    lambda: acc.SizeDispatch(acc.BlockedBackend(), acc.NumpyBackend(),
+                             acc.measure_threshold(acc.BlockedBackend(), acc.NumpyBackend(), sizes=(16, 32, 64))),
+], ids=["blocked", "dispatch-fixed", "dispatch-measured"])
+def test_backends_change_how_not_what_in_eager_forward_and_backward(make):
+    want = mlp_and_conv_results()
+    backend = make()
+    with acc.use_backend(backend):
+        got = mlp_and_conv_results()
+    for name in want:
+        for i, (g, w) in enumerate(zip(got[name], want[name])):
+            what = "output" if i == 0 else "input gradient" if i == 1 else f"gradient of parameter {i - 2}"
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{name} {what} under {backend.name} differs from NumPy")
+
+
+def test_blocked_backend_runs_the_blocked_matmul_on_2d_float32(monkeypatch):
+    seen = []
+    real = acc.blocked_matmul
+    monkeypatch.setattr(acc, "blocked_matmul", lambda a, b, block=None: seen.append((a.shape, b.shape)) or real(a, b, block))
+    x = Tensor(np.ones((4, 6), np.float32))
+    with acc.use_backend(acc.BlockedBackend()):
+        Linear(6, 3, rng=0)(x)
+        Tensor(np.ones((2, 4, 6), np.float32)) @ Tensor(np.ones((6, 3), np.float32))  # 3-D: np.matmul
+    assert seen == [((4, 6), (6, 3))], f"the Linear's 2-D float32 product (only) must run blocked_matmul; got {seen}"
+
+
+def test_use_backend_nests_and_restores_on_exceptions():
+    from tinytorch.core.tensor import get_compute_backend
+
+    outer, inner = CountingBackend(), CountingBackend()
+    a = Tensor(np.ones((2, 2), np.float32))
+    assert get_compute_backend() is None, "no backend is set by default: ops call NumPy directly"
+    with acc.use_backend(outer):
+        with pytest.raises(ZeroDivisionError):
+            with acc.use_backend(inner):
+                assert acc.current_backend() is inner
+                a @ a
+                1 / 0
+        assert acc.current_backend() is outer, "leaving the inner block by an exception must restore the outer backend"
+        a @ a
+    assert [len(outer.calls), len(inner.calls)] == [1, 1], f"calls outer {outer.calls}, inner {inner.calls}"
+    assert get_compute_backend() is None and isinstance(acc.current_backend(), acc.NumpyBackend), (
+        "leaving the outermost block must restore NumPy (no backend)")
+    same = acc.use_backend(outer)  # one use_backend object entered twice, nested
+    with same:
+        with same:
+            pass
+        assert acc.current_backend() is outer
+    assert get_compute_backend() is None
+
+
+def test_set_compute_backend_checks_the_methods():
+    from tinytorch.core.tensor import set_compute_backend
+
+    class OnlyMatmul:
+        def matmul(self, a, b):
+            return a @ b
+    with pytest.raises(TypeError, match=r"needs the methods matmul, binary and unary; OnlyMatmul has no binary, unary"):
+        set_compute_backend(OnlyMatmul())
+
+
 def test_trace_and_compile_refuse_in_place_ops_naming_them():
     def scaled(x):
         y = x * 2.0

@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from .autograd import Function
 from .layers import Module, check_positive_int, kaiming_normal
-from .tensor import Tensor
+from .tensor import Tensor, backend_matmul
 
 # %% auto #0
 __all__ = ['pair', 'conv_output_size', 'pad2d', 'check_conv_inputs', 'kernel_offsets', 'conv2d_loop', 'im2col', 'conv2d_forward',
@@ -146,13 +146,16 @@ def im2col(x: np.ndarray, kernel_size, stride=1, padding=0) -> tuple:
     ### END SOLUTION
 
 
-def conv2d_forward(x: np.ndarray, weight: np.ndarray, bias=None, stride=1, padding=0) -> tuple:
+def conv2d_forward(x: np.ndarray, weight: np.ndarray, bias=None, stride=1, padding=0,
+                   matmul=backend_matmul) -> tuple:
     """Convolution as one matmul: returns `(out, cols)`, `out (N, O, OH, OW)` C-contiguous, `cols` from `im2col`.
 
     TODO (Exercise 9.2b): im2col, one matmul with the flattened weight, add the bias, back to NCHW.
 
     CONTRACT:
     - Same arguments, errors and result as `conv2d_loop`, in one matrix product.
+    - The product is one call of `matmul(a, b)`, never `@`: by default module 01's `backend_matmul`,
+      which is `np.matmul` unless module 17 has chosen a compute backend (a test passes its own).
     - `cols` is returned too: the backward pass needs it for the weight gradient.
     - The result is C-contiguous NCHW (the matmul gives `(O, N, OH, OW)` once reshaped: the batch
       and channel axes have to swap, and a contiguous result keeps the next layer fast).
@@ -164,7 +167,7 @@ def conv2d_forward(x: np.ndarray, weight: np.ndarray, bias=None, stride=1, paddi
     check_conv_inputs(x, weight, bias)
     n_out = weight.shape[0]
     cols, (oh, ow) = im2col(x, weight.shape[2:], stride, padding)
-    out = weight.reshape(n_out, -1) @ cols
+    out = matmul(weight.reshape(n_out, -1), cols)
     if bias is not None:
         out += bias[:, None]
     out = np.ascontiguousarray(out.reshape(n_out, x.shape[0], oh, ow).transpose(1, 0, 2, 3))

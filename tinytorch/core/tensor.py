@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 import types
 import weakref
@@ -12,8 +13,8 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['INPLACE_OPS', 'broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'array_version',
-           'has_inplace_changes', 'saved_arrays', 'ObserverHandle', 'add_op_observer', 'observe_ops', 'Tensor', 'where',
-           'concatenate', 'stack']
+           'has_inplace_changes', 'saved_arrays', 'ObserverHandle', 'add_op_observer', 'observe_ops',
+           'set_compute_backend', 'get_compute_backend', 'backend_matmul', 'Tensor', 'where', 'concatenate', 'stack']
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-broadcast-shape
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
@@ -282,6 +283,43 @@ def _notify(node: Node, out) -> None:
 # In-place ops report a record too (after the change; `out` is the changed tensor, also inputs[0]).
 INPLACE_OPS = frozenset({"add_", "sub_", "mul_", "fill_", "zero_", "copy_"})
 
+# ----- compute backend: what the ops' arithmetic runs on (module 17 writes and chooses backends) -----
+_COMPUTE_BACKEND = None  # None: NumPy, called directly
+
+
+def set_compute_backend(backend):
+    """Run the ops' arithmetic on `backend` from now on (None: NumPy again); returns the previous one.
+
+    A compute backend is an object with three methods on NumPy arrays, each returning an array:
+    `matmul(a, b)`; `binary(op, ufunc, a, b)` for `+ - * / **` (`op` the op's name, 'add', and
+    `ufunc` the NumPy ufunc that computes it, `np.add`; `b` may be a Python number); `unary(op,
+    ufunc, a)` for `exp`, `log`, `sqrt`, `tanh`, `abs` and `-x`. `Tensor.matmul` (`@`) and module
+    09's convolution (through `backend_matmul`) call `matmul`. A backend decides *how* a result is
+    computed, never *what*: results must equal NumPy's up to float rounding. Backward rules and
+    every other op stay on NumPy. The setting is global to the process, like `set_grad_enabled`;
+    module 17's `with use_backend(...)` is the way to use it. With none set, an op pays one test.
+    """
+    global _COMPUTE_BACKEND
+    if backend is not None:
+        missing = [m for m in ("matmul", "binary", "unary") if not callable(getattr(backend, m, None))]
+        if missing:
+            raise TypeError(f"set_compute_backend: a compute backend needs the methods matmul, binary and unary; "
+                            f"{type(backend).__name__} has no {', '.join(missing)}")
+    previous, _COMPUTE_BACKEND = _COMPUTE_BACKEND, backend
+    return previous
+
+
+def get_compute_backend():
+    "The compute backend the ops run on now, or None for NumPy (see `set_compute_backend`)."
+    return _COMPUTE_BACKEND
+
+
+def backend_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    "`np.matmul(a, b)` of two arrays, on the compute backend if one is set: the product of `@` and of a convolution."
+    if _COMPUTE_BACKEND is None:
+        return np.matmul(a, b)
+    return _COMPUTE_BACKEND.matmul(a, b)
+
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-class
 _new = object.__new__
 
@@ -299,7 +337,8 @@ class Tensor:
 
     In-place ops (`add_`, `sub_`, `mul_`, `zero_`, `fill_`, `copy_`: PyTorch's names, each returning
     the tensor itself) change the buffer, count the change in `_version` and show it to the op
-    observers.
+    observers. Products and arithmetic run on the compute backend, if one is set
+    (`set_compute_backend`), else on NumPy.
     """
 
     __slots__ = ("data", "requires_grad", "grad", "grad_fn", "_retains_grad", "__weakref__")
@@ -638,11 +677,14 @@ class Tensor:
         - Shapes that cannot broadcast raise the ValueError of `broadcast_shape`, which names `op`
           and both shapes. Check only when the shapes differ: this runs on every `+` of a network,
           and equal shapes always broadcast.
-        - No Python loop over elements: one call of `fn`.
+        - No Python loop over elements: one call of `fn`, the `fn` you are given (module 17 hands
+          you its compute backend's version of the ufunc: never swap in a NumPy function of your own).
 
         HINTS: `isinstance(other, (int, float))`; NumPy 2 keeps an array's dtype when the other
         operand is a Python number; `ndarray.astype`.
         """
+        if _COMPUTE_BACKEND is not None:  # given: the arithmetic runs on module 17's compute backend
+            fn = functools.partial(_COMPUTE_BACKEND.binary, op, fn)
         ### BEGIN SOLUTION
         a = self.data
         if isinstance(other, Tensor):
@@ -705,7 +747,9 @@ class Tensor:
         return self._reflected(other, np.power, "pow")
 
     def __neg__(self):
-        return Tensor.from_op(np.negative(self.data), "neg", (self,))
+        a = self.data
+        out = np.negative(a) if _COMPUTE_BACKEND is None else _COMPUTE_BACKEND.unary("neg", np.negative, a)
+        return Tensor.from_op(out, "neg", (self,))
 
     # ----- comparisons: boolean results, recorded for observers but never part of the graph -----
     def _compare(self, other, fn, op: str) -> "Tensor":
@@ -745,8 +789,11 @@ class Tensor:
 
         CONTRACT: float tensors keep their dtype; integer and boolean tensors are computed in
         float32 (`Tensor([1, 2]).exp()` is float32). Values outside the function's domain follow
-        NumPy (`log(-1)` is nan).
+        NumPy (`log(-1)` is nan). Compute through the `fn` you are given (it may be module 17's
+        compute backend's version of the ufunc).
         """
+        if _COMPUTE_BACKEND is not None:  # given: the arithmetic runs on module 17's compute backend
+            fn = functools.partial(_COMPUTE_BACKEND.unary, op, fn)
         ### BEGIN SOLUTION
         a = self.data
         if a.dtype.kind != "f":
@@ -792,8 +839,9 @@ class Tensor:
     def matmul(self, other) -> "Tensor":
         """Matrix product `self @ other` (batched over leading dimensions, like `np.matmul`).
 
-        TODO (Exercise 1.4): check the shapes, then multiply. Leave the operand arrays in `a` and
-        `b` and the product in `out`.
+        TODO (Exercise 1.4): check the shapes. Leave the operand arrays in `a` and `b`: the given
+        line after your code multiplies them with `backend_matmul` (one call into BLAS through
+        `np.matmul`, or into the compute backend that module 17 chooses).
 
         CONTRACT:
         - `other` is a Tensor or anything `Tensor(...)` accepts.
@@ -806,7 +854,8 @@ class Tensor:
         - Leading (batch) axes of two operands with 3+ dimensions broadcast; incompatible ones
           raise the error of `broadcast_shape`.
 
-        HINT: one call into BLAS through NumPy (`np.matmul`): never loop in Python.
+        HINTS: an array's `ndim` and `shape` (negative indices count from the end); `broadcast_shape`
+        for the batch axes. Never loop in Python.
         """
         ### BEGIN SOLUTION
         if not isinstance(other, Tensor):
@@ -826,8 +875,8 @@ class Tensor:
             )
         if a.ndim > 2 and b.ndim > 2:
             broadcast_shape(a.shape[:-2], b.shape[:-2], f"matmul of {a.shape} and {b.shape} (batch dimensions)")
-        out = np.matmul(a, b)
         ### END SOLUTION
+        out = np.matmul(a, b) if _COMPUTE_BACKEND is None else _COMPUTE_BACKEND.matmul(a, b)  # backend_matmul, inlined
         return Tensor.from_op(out, "matmul", (self, other), (a, b))
 
     def __matmul__(self, other):

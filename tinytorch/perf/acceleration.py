@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.tensor import INPLACE_OPS, Tensor, is_grad_enabled, observe_ops, set_grad_enabled
+from ..core.tensor import (INPLACE_OPS, Tensor, backend_matmul, get_compute_backend, is_grad_enabled,
+                                   observe_ops, set_compute_backend, set_grad_enabled)
 
 # %% auto #0
 __all__ = ['EAGER_OPS', 'ELEMENTWISE', 'FOLD_LIMIT', 'C_FLAGS', 'LINK_FLAGS', 'PASSES', 'cache_sizes', 'naive_matmul',
@@ -885,15 +886,32 @@ def compile(fn=None, *, backend: str = "auto", on_branch: str = "retrace"):
 
 # %% ../../modules/17_acceleration/17_acceleration.ipynb #a034
 class ComputeBackend:
-    "How a compiled graph runs its matmuls: subclasses give `matmul(a, b)` on NumPy arrays."
+    """What the package's products and elementwise arithmetic run on: methods on NumPy arrays.
+
+    - `matmul(a, b)`: the product of `Tensor.matmul` (`@`), of a convolution (module 09) and of a
+      compiled graph's matmul nodes. Subclasses must give it.
+    - `binary(op, ufunc, a, b)`: `+ - * / **`; `op` is the op's name ('add'), `ufunc` NumPy's ufunc
+      for it (`np.add`), `b` an array or a Python number.
+    - `unary(op, ufunc, a)`: `exp`, `log`, `sqrt`, `tanh`, `abs` and `-x` ('neg').
+
+    Each returns a new array equal to NumPy's result up to float rounding: a backend changes how,
+    never what. Here the elementwise methods call the ufunc; a subclass overrides what it computes
+    differently. `use_backend` puts a backend in charge (module 01's `set_compute_backend`).
+    """
     name = "base"
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__}.matmul")
 
+    def binary(self, op: str, ufunc, a, b):
+        return ufunc(a, b)
+
+    def unary(self, op: str, ufunc, a):
+        return ufunc(a)
+
 
 class NumpyBackend(ComputeBackend):
-    "BLAS through `np.matmul`."
+    "BLAS through `np.matmul`, the elementwise ops through their NumPy ufuncs: what runs with no backend set."
     name = "numpy"
 
     def matmul(self, a, b):
@@ -901,7 +919,10 @@ class NumpyBackend(ComputeBackend):
 
 
 class BlockedBackend(ComputeBackend):
-    "`blocked_matmul` for 2-D products (tile from the L2 size); anything else through `np.matmul`."
+    """`blocked_matmul` for 2-D float32 products (tile from the L2 size); other products through `np.matmul`.
+
+    Elementwise ops stay NumPy: blocking pays where a tile's elements are reused (each of a
+    matmul's inputs is read n times), and an elementwise op reads each element once."""
     name = "blocked"
 
     def matmul(self, a, b):
@@ -911,16 +932,28 @@ class BlockedBackend(ComputeBackend):
 
 
 class SizeDispatch(ComputeBackend):
-    """`small` for products with at most `threshold` multiply-adds (n * k * m), `large` above it.
-    `measure_threshold` picks the threshold by timing both on this machine."""
+    """`small` for problems of at most `threshold` units of work, `large` above it.
+
+    The work of a product is its multiply-adds (n * k * m, batch axes not counted), of an
+    elementwise op its largest operand's element count. `measure_threshold` picks the threshold
+    by timing both backends on this machine."""
     name = "dispatch"
 
     def __init__(self, small: ComputeBackend, large: ComputeBackend, threshold: int):
         self.small, self.large, self.threshold = small, large, int(threshold)
 
+    def _pick(self, work) -> ComputeBackend:
+        return self.small if work <= self.threshold else self.large
+
     def matmul(self, a, b):
         work = a.shape[-2] * a.shape[-1] * b.shape[-1] if a.ndim >= 2 and b.ndim >= 2 else a.size
-        return (self.small if work <= self.threshold else self.large).matmul(a, b)
+        return self._pick(work).matmul(a, b)
+
+    def binary(self, op, ufunc, a, b):
+        return self._pick(max(np.size(a), np.size(b))).binary(op, ufunc, a, b)
+
+    def unary(self, op, ufunc, a):
+        return self._pick(np.size(a)).unary(op, ufunc, a)
 
 
 def measure_threshold(small: ComputeBackend, large: ComputeBackend, sizes=(16, 32, 64, 128, 256)) -> int:
@@ -935,32 +968,36 @@ def measure_threshold(small: ComputeBackend, large: ComputeBackend, sizes=(16, 3
     return best
 
 
-_BACKEND = [NumpyBackend()]
+_NUMPY = NumpyBackend()
 
 
 def current_backend() -> ComputeBackend:
-    "The backend compiled graphs use now (NumPy/BLAS unless `use_backend` says otherwise)."
-    return _BACKEND[-1]
+    "The backend the package's ops run on now: the innermost `use_backend`'s, else a `NumpyBackend`."
+    backend = get_compute_backend()
+    return _NUMPY if backend is None else backend
 
 
 class use_backend:
-    "`with use_backend(BlockedBackend()):` makes compiled graphs run their matmuls on that backend inside the block."
+    """`with use_backend(BlockedBackend()):` runs the package's products and elementwise arithmetic on
+    that backend inside the block: eager ops (`@`, `+ - * / **`, the unary functions, convolutions)
+    and compiled graphs. Blocks nest; leaving one, also by an exception, restores the backend that
+    was in charge before it. The choice is global to the process, like grad mode."""
 
     def __init__(self, backend: ComputeBackend):
         if not isinstance(backend, ComputeBackend):
             raise TypeError(f"use_backend: expected a ComputeBackend; got {type(backend).__name__}")
-        self.backend = backend
+        self.backend, self._previous = backend, []
 
     def __enter__(self):
-        _BACKEND.append(self.backend)
+        self._previous.append(set_compute_backend(self.backend))
         return self.backend
 
     def __exit__(self, *exc):
-        _BACKEND.pop()
+        set_compute_backend(self._previous.pop())
         return False
 
 
-EAGER_OPS["matmul"] = lambda a, b: current_backend().matmul(a, b)
+EAGER_OPS["matmul"] = backend_matmul  # compiled graphs' matmul nodes use the backend too
 
 # %% ../../modules/17_acceleration/17_acceleration.ipynb #acceleration-relu-inplace
 def relu_(t: Tensor) -> Tensor:

@@ -47,6 +47,14 @@ def im2col(rng, rec):
         rec.call(key + "_out", lambda: conv2d_forward(x, w, b, s, p)[0])
         rec.call(key + "_contiguous", lambda: bool(conv2d_forward(x, w, b, s, p)[0].flags.c_contiguous))
     rec.call("bad", conv2d_forward, f32(rng, 1, 2, 5, 5), f32(rng, 3, 4, 3, 3))
+    products = []   # the contract: one product, through the `matmul` argument (module 17's backends plug in there)
+
+    def counting_matmul(a, b):
+        products.append([list(a.shape), list(b.shape)])
+        return np.matmul(a, b)
+    x, w = f32(rng, 2, 3, 6, 5), f32(rng, 4, 3, 3, 3)
+    rec.call("through_matmul", lambda: conv2d_forward(x, w, None, 1, 1, matmul=counting_matmul)[0])
+    rec["products"] = products
 
 
 @probe("9.3", uses=CONV)
