@@ -687,3 +687,11 @@ def test_relu_inplace_refusals_and_the_backward_error_like_torch():
         torch.relu_(tx)
         with pytest.raises(RuntimeError, match="is at version 1; expected version 0"):
             tloss.backward()
+
+
+def test_the_compiler_has_its_own_package_path():
+    """`tinytorch.perf.compiler` (exported from modules/common/compiler.ipynb) names module 17's compiler objects."""
+    from tinytorch.perf import acceleration, compiler
+    assert {"trace", "Graph", "optimize", "fuse_elementwise", "build_c_kernel", "compile"} <= set(compiler.__all__)
+    for name in compiler.__all__:
+        assert getattr(compiler, name) is getattr(acceleration, name), f"tinytorch.perf.compiler.{name} is not module 17's"

@@ -477,3 +477,11 @@ def test_checkpoint_errors_are_named():
         checkpoint(3, Tensor(np.zeros(2)))
     with pytest.raises(TypeError, match=r"checkpoint: inputs must be one or more Tensors; got \['ndarray'\]"):
         checkpoint(lambda x: x, np.zeros(2))
+
+
+def test_checkpoint_has_its_own_package_path():
+    """`tinytorch.core.checkpoint` (exported from modules/common/checkpoint.ipynb) is module 18's checkpoint."""
+    from tinytorch.core import checkpoint as path
+    from tinytorch.perf import kv_cache
+    assert path.checkpoint is kv_cache.checkpoint and path.CheckpointFunction is kv_cache.CheckpointFunction
+    assert sorted(path.__all__) == ["CheckpointFunction", "checkpoint"]
