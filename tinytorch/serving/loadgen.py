@@ -14,7 +14,8 @@ import numpy as np
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "testserver")   # testserver: httpx's in-process ASGI transport
 
 # %% auto #0
-__all__ = ['LOCAL_HOSTS', 'poisson_arrivals', 'parse_metrics', 'LoadResult', 'run_load', 'load_test']
+__all__ = ['LOCAL_HOSTS', 'poisson_arrivals', 'parse_metrics', 'LoadResult', 'run_load', 'load_test', 'RawHTTPClient',
+           'result_to_dict', 'result_from_dict', 'LoadProcess']
 
 # %% ../../modules/common/loadgen.ipynb #l-arrivals
 def poisson_arrivals(rate: float, n: int, duration: float, seed=None) -> np.ndarray:
@@ -199,3 +200,193 @@ async def run_load(target, path: str, body, *, rate: float | None = None, concur
 def load_test(url: str, path: str, body, **kw) -> LoadResult:
     "`run_load` from synchronous code (a script, `tito serve bench`): runs its own event loop."
     return asyncio.run(run_load(url, path, body, **kw))
+
+# %% ../../modules/common/loadgen.ipynb #l-process
+class _Response:
+    def __init__(self, status_code: int, content: bytes):
+        self.status_code, self.content = status_code, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+class RawHTTPClient:
+    """A minimal HTTP/1.1 client for load tests against one `url` on 127.0.0.1: `await post(path, json=...)` and
+    `await get(path)` (with `timeout=`) return the status code and the body, over keep-alive connections kept
+    in a pool (`asyncio.open_connection`; a closed idle one is replaced once). It does what `run_load` asks of an
+    `httpx.AsyncClient` at a small part of the cost: over a socket httpx spends about 2 ms of CPU per request,
+    so a Python client process could not offer more than a few hundred requests/s and it, not the server, would
+    be measured. Real load generators (wrk, vegeta) are lean for the same reason."""
+
+    def __init__(self, url: str):
+        u = urlparse(url)
+        if u.hostname not in LOCAL_HOSTS or u.scheme != "http":
+            raise ValueError(f"RawHTTPClient: {url} is not http:// on this machine; it only drives 127.0.0.1")
+        self.host, self.port = u.hostname, u.port or 80
+        self.base_url = type("URL", (), {"host": u.hostname})()   # run_load checks `.base_url.host`
+        self._idle = []
+
+    async def post(self, path: str, json=None, timeout: float = 30.0) -> _Response:
+        import json as json_
+
+        return await asyncio.wait_for(self._request("POST", path, json_.dumps(json).encode()), timeout)
+
+    async def get(self, path: str, timeout: float = 30.0) -> _Response:
+        return await asyncio.wait_for(self._request("GET", path, None), timeout)
+
+    async def _request(self, method: str, path: str, body: bytes | None) -> _Response:
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        data = (head + "\r\n").encode() + (body or b"")
+        while self._idle:                       # a kept-alive connection the server may have closed meanwhile
+            conn = self._idle.pop()
+            try:
+                return await self._exchange(conn, data)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                continue
+        return await self._exchange(await asyncio.open_connection(self.host, self.port), data)
+
+    async def _exchange(self, conn, data: bytes) -> _Response:
+        reader, writer = conn
+        try:
+            writer.write(data)
+            line = await reader.readline()
+            if not line:
+                raise ConnectionError("the server closed the connection")
+            status, length, chunked, close = int(line.split()[1]), 0, False, False
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.partition(b":")
+                name, value = name.strip().lower(), value.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"transfer-encoding":
+                    chunked = b"chunked" in value
+                elif name == b"connection":
+                    close = value == b"close"
+            if chunked:
+                parts = []
+                while (size := int((await reader.readline()).split(b";")[0], 16)):
+                    parts.append(await reader.readexactly(size + 2))
+                await reader.readline()
+                content = b"".join(p[:-2] for p in parts)
+            else:
+                content = await reader.readexactly(length)
+        except BaseException:                   # a timeout or an error leaves the connection mid-answer: drop it
+            writer.close()
+            raise
+        if close:
+            writer.close()
+        else:
+            self._idle.append(conn)
+        return _Response(status, content)
+
+    async def aclose(self) -> None:
+        while self._idle:
+            self._idle.pop()[1].close()
+
+
+def result_to_dict(r: LoadResult) -> dict:
+    "A `LoadResult` in JSON types (its arrays as lists), to send it from one process to another."
+    d = {k: getattr(r, k) for k in ("mode", "rate", "concurrency", "elapsed", "area", "window", "extra")}
+    d.update({k: getattr(r, k).tolist() for k in ("scheduled", "sent", "done", "status")})
+    return d
+
+
+def result_from_dict(d: dict) -> LoadResult:
+    "The `LoadResult` that `result_to_dict` wrote."
+    arrays = {k: np.asarray(d[k], dtype=np.float64) for k in ("scheduled", "sent", "done")}
+    return LoadResult(d["mode"], d["rate"], d["concurrency"], status=np.asarray(d["status"], dtype=int),
+                      elapsed=d["elapsed"], area=d["area"], window=d["window"], extra=d.get("extra") or {}, **arrays)
+
+
+def _worker(url: str) -> None:
+    """The child's side of `LoadProcess`: one job per line on stdin (`run_load`'s arguments as JSON), one
+    answer per line on stdout (`{"result": ...}` or `{"error": ...}`), until stdin closes. One client serves
+    every job (a `RawHTTPClient`), so its connections stay open from one run to the next (as they do in process)."""
+    import json
+    import sys
+
+    answers, sys.stdout = sys.stdout, sys.stderr   # nothing else may write on the answers' channel
+    with asyncio.Runner() as runner:
+        client = RawHTTPClient(url)
+        for line in sys.stdin:
+            job = json.loads(line)
+            try:
+                result = runner.run(run_load(client, job.pop("path"), job.pop("body"), **job))
+                answer = {"result": result_to_dict(result)}
+            except Exception as e:
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
+        runner.run(client.aclose())
+
+
+class LoadProcess:
+    """The load generator in a child Python process of its own, driving the server at `url` (127.0.0.1 only):
+
+        with BackgroundServer(app) as server, LoadProcess(server.url) as load:
+            result = load.run("/v1/classify", {"input": x}, rate=200, n_requests=400, duration=2.0)
+
+    `run` takes `run_load`'s arguments (`body` must be JSON, not a function) and returns its `LoadResult`. A run
+    that has not answered within `duration + timeout + slack` seconds kills the child and raises `TimeoutError`;
+    leaving the block (or `close`) ends the child."""
+
+    def __init__(self, url: str, slack: float = 30.0, python: str | None = None):
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        if urlparse(url).hostname not in LOCAL_HOSTS:
+            raise ValueError(f"LoadProcess: {url} is not on this machine; the load generator only drives 127.0.0.1")
+        root = str(Path(__file__).resolve().parents[2])   # the folder that holds the tinytorch package
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.url, self.slack = url, slack
+        self.proc = subprocess.Popen([python or sys.executable, "-c",
+                                      f"from tinytorch.serving.loadgen import _worker; _worker({url!r})"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+
+    def run(self, path: str, body, *, duration: float = 10.0, timeout: float = 30.0, **kw) -> LoadResult:
+        import json
+        import select
+
+        if callable(body):
+            raise TypeError("LoadProcess.run: the body goes to another process as JSON; give a dict, not a function")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"LoadProcess: the load generator's process has exited (code {self.proc.returncode})")
+        self.proc.stdin.write(json.dumps(dict(kw, path=path, body=body, duration=duration, timeout=timeout)) + "\n")
+        self.proc.stdin.flush()
+        limit = duration + timeout + self.slack
+        ready, _, _ = select.select([self.proc.stdout], [], [], limit)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.close(kill=True)
+            raise TimeoutError(f"LoadProcess: no answer from the load generator's process within {limit:.0f} s")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"LoadProcess: the load generator failed: {answer['error']}")
+        return result_from_dict(answer["result"])
+
+    def close(self, kill: bool = False) -> None:
+        import subprocess
+
+        if self.proc.poll() is None and not kill:
+            self.proc.stdin.close()          # end of jobs: the child leaves its loop and exits
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                kill = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if not f.closed:
+                f.close()
+
+    def __enter__(self) -> "LoadProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
