@@ -10,18 +10,25 @@ those systems is measured the same way: throughput at a tail-latency budget, und
 
 This script trains (in seconds) the 1998 milestone's digits CNN and a small 2017 GPT on the bundled
 stories (or loads the GPT saved by an earlier run), saves both as servable checkpoints (for
-`tito serve`), and serves them with module 20's server in this process on 127.0.0.1 (httpx talks to
-the Starlette app in process). It drives the classifier with the open-loop load generator at
-rising rates (then bisects the knee), without batching and with dynamic batching, and reports the throughput each sustains
+`tito serve`), and serves the classifier with module 20's server on 127.0.0.1: uvicorn on a free port in a
+thread of this process, driven over real HTTP by the open-loop load generator in a child process of its own
+(`LoadProcess`, with a lean HTTP/1.1 client), as load tests are run. In one process the client and the
+server take turns on one interpreter: at twice the capacity the client fell 1.3 s behind its schedule and
+the server's event loop with it, and the latencies measured both (`--client in-process` still runs every
+load that way, through httpx's ASGI transport, for comparison). It drives the classifier at rising rates
+(then bisects the knee), without batching and with dynamic batching, and reports the throughput each sustains
 within a p99 budget; it decodes a mix of chat-like generation requests one at a time, in static
 batches and with continuous batching, and checks that every request gets the same tokens under all
 three; it offers twice the batched capacity with admission control on and checks that every request
 is answered (200 or 503) and the admitted ones stay within the budget; and it checks Little's law
-between the server's /metrics and the client. Modules used: all of 01-13 (the models), 18 (the paged
-KV cache) and 20 (the server and the load generator).
+between the server's /metrics and the client. That check runs with the client in this process: L, lambda and
+W must be measured at one boundary, the server's meter wraps the app, and over a socket the client's W also
+holds the HTTP hop and uvicorn's parsing, which the meter cannot see (the agreement over HTTP is printed
+too). Modules used: all of 01-13 (the models), 18 (the paged KV cache) and 20 (the server and the load
+generator).
 
     tito milestone run serving [--quick] [--seed 0] [--out PATH] [--p99-budget-ms 100] [--retrain]
-        [--gpt-steps 200] [--run-seconds 1.5]
+        [--gpt-steps 200] [--run-seconds 1.5] [--client process|in-process]
 """
 NAME = "serving"
 YEAR = 2023
@@ -40,6 +47,7 @@ GOAL = {"reach": [("requests answered (200 or 503) under 2x overload", ">=", 1.0
                  ("p99 of admitted requests under 2x overload", "lower", "the p99 budget")],
         "max_seconds": 300}
 
+import contextlib
 import time
 
 from tito import harness
@@ -50,6 +58,9 @@ def options(parser):
     parser.add_argument("--retrain", action="store_true", help="train the GPT even if an earlier run saved one")
     parser.add_argument("--gpt-steps", type=int, default=200, help="Adam steps of the GPT (default %(default)s)")
     parser.add_argument("--run-seconds", type=float, default=1.5, help="length of each load run (default %(default)s)")
+    parser.add_argument("--client", choices=("process", "in-process"), default="process",
+                        help="where the load generator runs: a child process over real HTTP to 127.0.0.1 (default), "
+                             "or this process's event loop with the app (httpx's ASGI transport, no sockets)")
 
 
 def train_cnn(seed, epochs, log):
@@ -135,36 +146,80 @@ def refine_rate(points, budget, closer: float = 1.15):
     return (max(good) * min(bad)) ** 0.5
 
 
-async def sweep(app, body, rates, seconds, budget, seed, refinements=3):
-    """Open-loop runs at rising `rates` against `app` (in process) until one misses the budget or saturates, plus
-    one more past the knee for the plot, then up to `refinements` runs bisecting the knee (`refine_rate`).
-    Returns [(rate, throughput, p50, p99, result)] in order of rate."""
-    import httpx
+class InProcessLoad:
+    """`app` and the load generator in one event loop of this process, through httpx's ASGI transport (no
+    sockets): `run` takes `run_load`'s arguments. The client's work and the server's then take turns on one
+    interpreter, so when the client falls behind its schedule the server waits with it (`--client in-process`)."""
 
-    from tinytorch.serving.loadgen import run_load
+    def __init__(self, app):
+        self.app = app
 
+    def __enter__(self) -> "InProcessLoad":
+        import asyncio
+
+        import httpx
+
+        self.runner = asyncio.Runner()
+        self.life = self.app.router.lifespan_context(self.app)
+        self.runner.run(self.life.__aenter__())
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://testserver")
+        return self
+
+    def run(self, path, body, **kw):
+        from tinytorch.serving.loadgen import run_load
+
+        return self.runner.run(run_load(self.client, path, body, **kw))
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.runner.run(self.client.aclose())
+            self.runner.run(self.life.__aexit__(None, None, None))
+        finally:
+            self.runner.close()
+
+
+@contextlib.contextmanager
+def served(app, client):
+    """Serve `app` and yield its load generator (`.run(path, body, **kw)`, `run_load`'s arguments): with
+    `client="process"` uvicorn serves it on 127.0.0.1 (a free port) in a thread of this process and the load
+    generator runs in a child process over real HTTP (`LoadProcess`); with "in-process" both share one event loop
+    here (`InProcessLoad`)."""
+    from tinytorch.serving.loadgen import LoadProcess
+    from tinytorch.serving.server import BackgroundServer
+
+    if client == "in-process":
+        with InProcessLoad(app) as load:
+            yield load
+    else:
+        with BackgroundServer(app) as server, LoadProcess(server.url) as load:
+            yield load
+
+
+def sweep(load, body, rates, seconds, budget, seed, refinements=3):
+    """Open-loop runs at rising `rates` with `load` (a `served` server's load generator) until one misses the
+    budget or saturates, plus one more past the knee for the plot, then up to `refinements` runs bisecting the
+    knee (`refine_rate`). Returns [(rate, throughput, p50, p99, result)] in order of rate."""
     points = []
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
-            await run_load(client, "/v1/classify", body, rate=50, n_requests=25, duration=0.5, seed=seed)   # warm-up
-            async def measure(rate):
-                r = await run_load(client, "/v1/classify", body, rate=rate, n_requests=int(rate * seconds) + 1,
-                                   duration=seconds, seed=seed + int(rate), timeout=30)
-                p = r.percentiles()
-                points.append((rate, r.throughput, p[50], p[99], r))
-                return points[-1]
+    load.run("/v1/classify", body, rate=50, n_requests=25, duration=0.5, seed=seed)   # warm-up
 
-            past = 0
-            for rate in rates:
-                if not kept_up(await measure(rate), budget):
-                    past += 1
-                    if past == 2:
-                        break
-            for _ in range(refinements):
-                rate = refine_rate(points, budget)
-                if rate is None:
-                    break
-                await measure(rate)
+    def measure(rate):
+        r = load.run("/v1/classify", body, rate=rate, n_requests=int(rate * seconds) + 1, duration=seconds,
+                     seed=seed + int(rate), timeout=30)
+        p = r.percentiles()
+        points.append((rate, r.throughput, p[50], p[99], r))
+        return points[-1]
+
+    past = 0
+    for rate in rates:
+        if not kept_up(measure(rate), budget):
+            past += 1
+            if past == 2:
+                break
+    for _ in range(refinements):
+        rate = refine_rate(points, budget)
+        if rate is None:
+            break
+        measure(rate)
     return sorted(points, key=lambda p: p[0])
 
 
@@ -178,17 +233,14 @@ def main(argv=None) -> int:
     args = run.args
     start = time.perf_counter()
 
-    import asyncio
     import sys
 
-    import httpx
     import numpy as np
 
     from tinytorch.perf.kv_cache import generate_cached
-    from tinytorch.serving.loadgen import run_load
     from tinytorch.serving.server import (ContinuousBatcher, Sequence, create_app, load_servable, save_servable)
 
-    sys.setswitchinterval(0.0005)   # client, server and model share this process: hand the GIL over often
+    sys.setswitchinterval(0.0005)   # the server's event loop and the model's thread share this process: take turns
     budget = args.p99_budget_ms / 1000
     seconds = min(args.run_seconds, 0.8) if run.quick else args.run_seconds
     out_dir = args.out.parent
@@ -213,7 +265,8 @@ def main(argv=None) -> int:
     curves = {}
     for label, size in (("unbatched", 1), ("dynamic batching", 32)):
         app = create_app(classifier=cnn, input_shape=(1, 8, 8), max_batch_size=size, max_wait=0.005, max_queue=100_000)
-        curves[label] = asyncio.run(sweep(app, body, rates, seconds, budget, args.seed))
+        with served(app, args.client) as load:
+            curves[label] = sweep(load, body, rates, seconds, budget, args.seed)
         log(f"{label}:")
         for rate, tput, p50, p99, r in curves[label]:
             log(f"  offered {rate:5.0f}/s: throughput {tput:6.1f}/s, p50 {p50 * 1e3:7.1f} ms, p99 {p99 * 1e3:7.1f} ms")
@@ -222,33 +275,46 @@ def main(argv=None) -> int:
         f"{cap_batched:.0f}/s ({cap_batched / max(cap_single, 1e-9):.1f} x)")
 
     # ---- Little's law and overload, on the batched server. Little's law sizes the queue bound: at the capacity
-    # lambda, keeping the time in the system W within half the budget means at most L = lambda x W in the system
+    # lambda, keeping the time in the system W within half the budget means at most L = lambda x W in the system.
+    # Little's law is checked at the app's boundary, with the client in this process: the server's meter wraps the
+    # app, and over a socket the client's W also holds the HTTP hop, which that meter cannot see (printed too)
     bound_ = max(1, int(cap_batched * budget / 2))
-    async def little_and_overload():
-        results = {}
-        for label, bound, rate in (("little", 100_000, 0.5 * cap_batched), ("admission control", bound_, 2 * cap_batched),
-                                   ("unbounded queue", 100_000, 2 * cap_batched)):
-            app = create_app(classifier=cnn, input_shape=(1, 8, 8), max_batch_size=32, max_wait=0.005, max_queue=bound)
-            async with app.router.lifespan_context(app):
-                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as c:
-                    results[label] = await run_load(c, "/v1/classify", body, rate=max(rate, 10.0),
-                                                    n_requests=int(max(rate, 10.0) * seconds) + 1, duration=seconds,
-                                                    seed=args.seed + 7, timeout=60)
-        return results
-
-    loads = asyncio.run(little_and_overload())
+    loads, inside = {}, {}
+    runs = [("little", 100_000, 0.5 * cap_batched, "in-process"),
+            ("admission control", bound_, 2 * cap_batched, args.client),
+            ("unbounded queue", 100_000, 2 * cap_batched, args.client)]
+    if args.client == "process":
+        runs.insert(1, ("little over HTTP", 100_000, 0.5 * cap_batched, "process"))
+    for label, bound, rate, client in runs:
+        app = create_app(classifier=cnn, input_shape=(1, 8, 8), max_batch_size=32, max_wait=0.005, max_queue=bound)
+        with served(app, client) as load:
+            load.run("/v1/classify", body, rate=50, n_requests=25, duration=0.5, seed=args.seed)   # warm-up
+            rate = max(rate, 10.0)
+            window = app.state.serving.latency["classify"]   # the server's own clock: admitted to answered
+            before = window.count
+            loads[label] = load.run("/v1/classify", body, rate=rate, n_requests=int(rate * seconds) + 1,
+                                    duration=seconds, seed=args.seed + 7, timeout=60)
+            n = min(window.count - before, len(window.values))
+            inside[label] = float(np.percentile(list(window.values)[-n:], 99)) if n else float("nan")
     little = loads["little"].littles_law()
     agreement = 1 - abs(little["ratio"] - 1)
-    log(f"Little's law at {loads['little'].rate:.0f}/s: {loads['little'].report().splitlines()[-1]}")
+    log(f"Little's law at {loads['little'].rate:.0f}/s, client in this process: "
+        f"{loads['little'].report().splitlines()[-1]}")
+    if "little over HTTP" in loads:
+        http = loads["little over HTTP"].littles_law()
+        log(f"  the same over HTTP from the client's process: server L = {http['L']:.3f}, client lambda x W = "
+            f"{http['lambda_W']:.3f} (ratio {http['ratio']:.3f}; its W also holds the socket hop and uvicorn's "
+            f"HTTP parsing)")
     over = loads["admission control"]
     answered = float(np.isin(over.status, (200, 503)).mean())
-    # time from sending to the answer: at twice the capacity the load generator itself (in this process) falls
-    # behind its schedule, and that lag is the client's, not the server's; it is printed separately
+    # time from sending to the answer: at twice the capacity the load generator itself may fall behind its
+    # schedule, and that lag is the client's, not the server's; it is printed separately
     p99_admitted = float(np.percentile((over.done - over.sent)[over.ok], 99)) if over.ok.any() else float("inf")
     lag = float(np.percentile(over.sent - over.scheduled, 99))
     log(f"2x overload ({over.rate:.0f}/s) with admission control ({bound_} in the system = capacity x budget / 2): "
         f"{over.rejected:.0%} refused with 503, p99 of admitted (sent to answer) {p99_admitted * 1e3:.1f} ms, "
-        f"{answered:.0%} answered; the client sent its requests up to {lag * 1e3:.0f} ms late (p99)")
+        f"{answered:.0%} answered; the client sent its requests up to {lag * 1e3:.0f} ms late (p99); inside the app "
+        f"(admitted to answered, the server's clock) p99 {inside['admission control'] * 1e3:.1f} ms")
     log(f"2x overload without it: p99 {loads['unbounded queue'].percentiles()[99] * 1e3:.1f} ms, "
         f"{loads['unbounded queue'].rejected:.0%} refused")
 

@@ -1,7 +1,8 @@
 """The serving milestone (needs 01-20) run end to end with `--quick`: it trains the digits CNN and a GPT for a few
-steps, serves both in process, drives them with the load generator and prints every measurement the target names,
-a report line per condition and the plot; it must finish well within its 5 minutes. (Whether the goals are met
-depends on the machine: the full run is what the README's milestone table reports.)"""
+steps, serves the classifier on 127.0.0.1 and drives it with the load generator in a child process, and prints every
+measurement the target names, a report line per condition and the plot; it must finish well within its 5 minutes.
+(Whether the goals are met depends on the machine: the full run is what the README's milestone table reports.)
+Both ways of running a load (`served(app, "process")` and `"in-process"`) are checked on a small model in seconds."""
 from __future__ import annotations
 
 import os
@@ -44,7 +45,7 @@ def test_quick_run_reports_every_measurement(tmp_path):
                           capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1), text[-3000:]
-    for words in ("throughput within p99 <= 100 ms", "Little's law", "refused with 503",
+    for words in ("throughput within p99 <= 100 ms", "Little's law", "the same over HTTP", "refused with 503",
                   "every request got the same tokens under all three schedules and alone: True",
                   "target: in under 300 s", "saved plot"):
         assert words in text, f"the milestone's output lacks {words!r}:\n{text[-3000:]}"
@@ -79,3 +80,35 @@ def test_capacity_is_bisected_between_grid_rates():
     assert m.capacity([(100, 99.0, 0.01, 0.02, refused), (200, 150.0, 0.01, 0.02, ok)], 0.1) == 0.0
     assert m.refine_rate([(100, 99.0, 0.01, 0.02, ok)], 0.1) is None, "nothing above the last good rate: no bisection"
 
+
+
+@pytest.mark.parametrize("client", ["process", "in-process"])
+def test_served_runs_a_bounded_load_either_way(client):
+    "A small classifier served and driven both ways: every request answered, /metrics scraped for Little's law."
+    import numpy as np
+
+    pytest.importorskip("uvicorn")
+    from tinytorch.serving.server import create_app, mlp_classifier
+
+    m = _script()
+    app = create_app(classifier=mlp_classifier([64, 16, 10], rng=0), input_shape=(64,), max_batch_size=8,
+                     max_queue=1000)
+    with m.served(app, client) as load:
+        r = load.run("/v1/classify", {"input": np.zeros(64).tolist()}, rate=200, n_requests=60, duration=0.3, seed=1)
+    assert len(r.status) > 20 and (r.status == 200).all(), r.status
+    assert (r.sent >= r.scheduled).all() and (r.done > r.sent).all()
+    assert r.littles_law()["L"] > 0, "the server's /metrics was scraped before and after"
+
+
+def test_load_process_refuses_other_hosts_and_function_bodies():
+    from tinytorch.serving.loadgen import LoadProcess, RawHTTPClient
+
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        LoadProcess("http://example.com:80")
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        RawHTTPClient("http://10.0.0.1:8000")
+    with LoadProcess("http://127.0.0.1:9") as load:     # nothing listens on port 9: every request fails (status 0)
+        with pytest.raises(TypeError, match="JSON"):
+            load.run("/v1/classify", lambda i, rng: {}, rate=10)
+        r = load.run("/v1/classify", {"input": [0.0]}, rate=50, n_requests=5, duration=0.2, timeout=2)
+        assert (r.status == 0).all() and r.area is None
