@@ -3,9 +3,18 @@
 # %% ../../modules/common/checkpoint.ipynb #q002
 from __future__ import annotations
 
-from ..perf.kv_cache import CheckpointFunction, checkpoint
+import importlib
 
 _all_ = ['checkpoint', 'CheckpointFunction']
+
+
+def __getattr__(name):
+    "Each name from module 18 on first use (PEP 562): importing this path does not import module 18."
+    if name in _all_:
+        value = getattr(importlib.import_module("tinytorch.perf.kv_cache"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # %% auto #0
 __all__ = ['checkpoint', 'CheckpointFunction']

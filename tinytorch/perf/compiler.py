@@ -3,19 +3,22 @@
 # %% ../../modules/common/compiler.ipynb #k002
 from __future__ import annotations
 
-from .acceleration import (GNode, Graph, DataDependentControlFlow, trace, run_graph, run_node,
-                                         dead_code_elimination, constant_fold,
-                                         common_subexpression_elimination, fusion_groups, fuse_elementwise,
-                                         PASSES, optimize, c_literal, c_expression, KernelCompileError,
-                                         c_compiler, kernel_cache_dir, build_c_kernel, kernel_source,
-                                         chunk_elements, FusedKernel, attach_kernels, CompiledFunction,
-                                         compile)
+import importlib
 
 _all_ = ['GNode', 'Graph', 'DataDependentControlFlow', 'trace', 'run_graph', 'run_node',
            'dead_code_elimination', 'constant_fold', 'common_subexpression_elimination', 'fusion_groups',
            'fuse_elementwise', 'PASSES', 'optimize', 'c_literal', 'c_expression', 'KernelCompileError',
            'c_compiler', 'kernel_cache_dir', 'build_c_kernel', 'kernel_source', 'chunk_elements',
            'FusedKernel', 'attach_kernels', 'CompiledFunction', 'compile']
+
+
+def __getattr__(name):
+    "Each name from module 17 on first use (PEP 562): importing this path does not import module 17."
+    if name in _all_:
+        value = getattr(importlib.import_module("tinytorch.perf.acceleration"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # %% auto #0
 __all__ = ['GNode', 'Graph', 'DataDependentControlFlow', 'trace', 'run_graph', 'run_node', 'dead_code_elimination',
