@@ -153,7 +153,16 @@ class GELU(Activation):
         ### BEGIN SOLUTION
         a = x.data
         c = math.sqrt(2 / math.pi)
-        out = 0.5 * a * (1 + np.tanh(c * (a + 0.044715 * a * a * a)))
+        # one buffer, changed in place (out=: a 0-d input stays an array): c (a + 0.044715 a^3) = c a (1 + 0.044715 a^2)
+        out = np.multiply(a, a, out=np.empty_like(a))
+        out *= 0.044715
+        out += 1.0
+        out *= a
+        out *= c
+        np.tanh(out, out=out)
+        out += 1.0
+        out *= a
+        out *= 0.5
         ### END SOLUTION
         return Tensor.from_op(out, "gelu", (x,), (x.data,))
 
