@@ -579,8 +579,11 @@ def test_blocked_backend_runs_the_blocked_matmul_on_2d_float32(monkeypatch):
     x = Tensor(np.ones((4, 6), np.float32))
     with acc.use_backend(acc.BlockedBackend()):
         Linear(6, 3, rng=0)(x)
-        Tensor(np.ones((2, 4, 6), np.float32)) @ Tensor(np.ones((6, 3), np.float32))  # 3-D: np.matmul
-    assert seen == [((4, 6), (6, 3))], f"the Linear's 2-D float32 product (only) must run blocked_matmul; got {seen}"
+        Tensor(np.ones((2, 4, 6), np.float32)) @ Tensor(np.ones((6, 3), np.float32))  # a batch times a matrix: one 2-D product
+        Tensor(np.ones((2, 4, 6), np.float32)) @ Tensor(np.ones((2, 6, 3), np.float32))  # batched 3-D: np.matmul
+    assert seen == [((4, 6), (6, 3)), ((8, 6), (6, 3))], (
+        f"the 2-D float32 products (the Linear's, and a (2, 4, 6) batch times a (6, 3) matrix folded into one "
+        f"(8, 6) @ (6, 3) product) must run blocked_matmul, the batched 3-D product must not; got {seen}")
 
 
 def test_use_backend_nests_and_restores_on_exceptions():

@@ -279,7 +279,11 @@ def matmul_backward(grad, node):
         g = np.expand_dims(g, -1)
     ga = gb = None
     if need_a:
-        ga = unbroadcast(np.matmul(g, np.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
+        if b2.ndim == 2 and g.ndim > 2:   # a batch times one matrix: one large product, not one per batch entry
+            ga = np.matmul(g.reshape(-1, g.shape[-1]), b2.T).reshape(*g.shape[:-1], b2.shape[0])
+        else:
+            ga = np.matmul(g, np.swapaxes(b2, -1, -2))
+        ga = unbroadcast(ga, a2.shape).reshape(a.shape)
     if need_b:
         if b2.ndim == 2:
             # a matrix shared by every row of a batch: one large product instead of a sum of small ones

@@ -315,10 +315,15 @@ def get_compute_backend():
 
 
 def backend_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    "`np.matmul(a, b)` of two arrays, on the compute backend if one is set: the product of `@` and of a convolution."
-    if _COMPUTE_BACKEND is None:
-        return np.matmul(a, b)
-    return _COMPUTE_BACKEND.matmul(a, b)
+    """`np.matmul(a, b)` of two arrays, on the compute backend if one is set: the product of `@` and of a convolution.
+
+    A batch times one matrix, `(..., T, K) @ (K, N)`, runs as one `(B*T, K) @ (K, N)` product (a view,
+    when `a` is contiguous): `np.matmul` would call BLAS once per batch entry, on small matrices
+    (a GPT's `x @ W.T` at batch 32 runs about 1.5x faster as one product)."""
+    mm = np.matmul if _COMPUTE_BACKEND is None else _COMPUTE_BACKEND.matmul
+    if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
+        return mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+    return mm(a, b)
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-class
 _new = object.__new__
@@ -876,7 +881,7 @@ class Tensor:
         if a.ndim > 2 and b.ndim > 2:
             broadcast_shape(a.shape[:-2], b.shape[:-2], f"matmul of {a.shape} and {b.shape} (batch dimensions)")
         ### END SOLUTION
-        out = np.matmul(a, b) if _COMPUTE_BACKEND is None else _COMPUTE_BACKEND.matmul(a, b)  # backend_matmul, inlined
+        out = np.matmul(a, b) if _COMPUTE_BACKEND is None and a.ndim <= 2 else backend_matmul(a, b)
         return Tensor.from_op(out, "matmul", (self, other), (a, b))
 
     def __matmul__(self, other):
