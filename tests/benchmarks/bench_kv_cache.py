@@ -18,10 +18,12 @@ token-identical before they are timed:
 Then gradient checkpointing (`checkpoint`, module 18) on a training step (context 64, batch 32): peak
 memory (`peak_memory`, tracemalloc: every NumPy buffer) and time of forward + cross-entropy +
 backward, plain vs checkpointed, gradients checked equal (goals: peak <= 0.5x, time <= 1.4x), for the
-milestone's 2-block model with one checkpoint per block and one per sub-layer, and for the
-notebook's 4-block model with one per block. With one checkpoint per block, backward still holds
-one block's recomputed activations next to everything outside the blocks, so a 2-block model can
-at best halve its block activations.
+milestone's 2-block model and the notebook's 4-block model. Placements: `checkpoint` around every
+block; `checkpoint_sequential` per block (every block but the last, as PyTorch's: backward needs
+the last block's activations first, so recomputing them costs a forward and saves no peak); and
+`checkpoint_sequential` per residual branch (attention, MLP). With one checkpoint per block,
+backward still holds one block's recomputed activations next to everything outside the blocks,
+so a 2-block model can at best halve its block activations.
 
 Both libraries run on the same number of threads (default 1). The variants are timed in interleaved
 rounds (each round times each once), and the best round of each is kept (the least disturbed on a
@@ -48,7 +50,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from tinytorch.models.gpt import GPT  # noqa: E402
 from tinytorch.core.losses import CrossEntropyLoss  # noqa: E402
-from tinytorch.perf.kv_cache import checkpoint, generate_cached  # noqa: E402
+from tinytorch.perf.kv_cache import checkpoint, checkpoint_sequential, generate_cached  # noqa: E402
 from tinytorch.perf.measure import peak_memory, time_call  # noqa: E402
 
 V, C, E, H, L = 65, 128, 96, 4, 2
@@ -101,28 +103,34 @@ def main() -> None:
 
 
 def bench_checkpoint(repeats: int) -> None:
-    """Peak memory and time of a training step (forward, cross-entropy, backward), plain vs checkpointed:
-    the milestone's 2-block model with one checkpoint per block and with one per sub-layer (the
-    attention branch and the MLP branch of each block), and the notebook's 4-block model per block."""
+    """Peak memory and time of a training step (forward, cross-entropy, backward), plain vs checkpointed,
+    for the milestone's 2-block model and the notebook's 4-block model, with the placements of the
+    module docstring."""
     rng = np.random.default_rng(0)
     xb, yb = rng.integers(0, V, (32, 64)), rng.integers(0, V, (32, 64))
 
-    def per_block(gpt, x):
+    def every_block(gpt, x):
         for block in gpt.blocks:
             x = checkpoint(block, x)
         return x
 
-    def per_sublayer(gpt, x):   # TransformerBlock.forward's ops, each residual branch checkpointed on its own
+    def sequential_blocks(gpt, x):
+        return checkpoint_sequential(gpt.blocks, len(gpt.blocks), x)
+
+    def sequential_branches(gpt, x):   # TransformerBlock.forward's ops, one function per residual branch
+        branches = []
         for b in gpt.blocks:
-            x = x + checkpoint(lambda h, b=b: b.drop(b.attn(b.ln1(h), is_causal=True)), x)
-            x = x + checkpoint(lambda h, b=b: b.mlp(b.ln2(h)), x)
-        return x
+            branches.append(lambda h, b=b: h + b.drop(b.attn(b.ln1(h), is_causal=True)))
+            branches.append(lambda h, b=b: h + b.mlp(b.ln2(h)))
+        return checkpoint_sequential(branches, len(branches), x)
 
     print("GPT train step, width 96, 4 heads, batch 32 x 64 tokens; gradients identical to the plain step's; "
           "peak memory = tracemalloc's peak over the step (every NumPy buffer it allocates):")
-    for layers, how, segments in ((L, "one checkpoint per block", per_block),
-                                  (L, "one checkpoint per sub-layer", per_sublayer),
-                                  (4, "one checkpoint per block", per_block)):
+    for layers, how, segments in ((L, "checkpoint around every block", every_block),
+                                  (L, "checkpoint_sequential per block", sequential_blocks),
+                                  (L, "checkpoint_sequential per residual branch", sequential_branches),
+                                  (4, "checkpoint around every block", every_block),
+                                  (4, "checkpoint_sequential per block", sequential_blocks)):
         gpt = GPT(V, 64, E, H, layers, rng=0)
 
         def step(use_checkpoint):

@@ -471,6 +471,75 @@ def test_checkpoint_recomputes_with_gradients_on_under_no_grad():
     np.testing.assert_array_equal(a.grad.data, 2 * a.data, err_msg="checkpoint's backward under no_grad")
 
 
+def _counted(fns):
+    """Wrap each function to count its calls (a checkpointed one runs twice: forward, then recomputation)."""
+    calls = [0] * len(fns)
+
+    def wrap(i, f):
+        def g(x):
+            calls[i] += 1
+            return f(x)
+        return g
+    return [wrap(i, f) for i, f in enumerate(fns)], calls
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.parametrize("n, segments", [(4, 4), (4, 2), (5, 2), (3, 1), (7, 3)])
+def test_checkpoint_sequential_recomputes_all_runs_but_the_last_as_pytorch_does(n, segments):
+    """Gradients equal the plain chain's exactly; which functions run twice is what
+    `torch.utils.checkpoint.checkpoint_sequential` does on the same split (checked when torch is installed)."""
+    from tinytorch.core.autograd import backward
+    from tinytorch.perf.kv_cache import checkpoint_sequential
+    blocks = [_small_block(i) for i in range(n)]
+    x0 = np.random.default_rng(3).standard_normal((2, 5, 16)).astype(np.float32)
+    up = np.random.default_rng(4).standard_normal((2, 5, 16)).astype(np.float32)
+    grads = {}
+    for how in ("plain", "sequential"):
+        for blk in blocks:
+            for p in blk.parameters():
+                p.grad = None
+        fns, calls = _counted(blocks)
+        x = Tensor(x0, requires_grad=True)
+        if how == "plain":
+            y = x
+            for f in fns:
+                y = f(y)
+        else:
+            y = checkpoint_sequential(fns, segments, x)
+        backward(y, up)
+        grads[how] = [x.grad.data] + [p.grad.data for blk in blocks for p in blk.parameters()]
+        grads[how + " calls"] = calls
+    for i, (a, c) in enumerate(zip(grads["plain"], grads["sequential"])):
+        np.testing.assert_array_equal(c, a, err_msg=f"gradient {i} (0 = input) with checkpoint_sequential({n}, {segments})")
+    size = n // segments
+    expected = [2] * (size * (segments - 1)) + [1] * (n - size * (segments - 1))
+    assert grads["sequential calls"] == expected, (
+        f"checkpoint_sequential({n} functions, {segments} segments): calls per function {grads['sequential calls']}, "
+        f"expected {expected} (every run but the last recomputed once in backward)")
+    torch = torch_or_none()
+    if torch is not None:
+        from torch.utils.checkpoint import checkpoint_sequential as torch_sequential
+        tfns, tcalls = _counted([torch.nn.Linear(4, 4) for _ in range(n)])
+        torch_sequential(tfns, segments, torch.ones(2, 4, requires_grad=True), use_reentrant=False).sum().backward()
+        assert tcalls == expected, f"torch.utils.checkpoint.checkpoint_sequential ran {tcalls}; ours {expected}"
+
+
+def _small_block(seed):
+    from tinytorch.models.gpt import TransformerBlock
+    return TransformerBlock(16, 4, rng=seed)
+
+
+def test_checkpoint_sequential_errors_are_named():
+    from tinytorch.perf.kv_cache import checkpoint_sequential
+    x = Tensor(np.zeros((2, 3)), requires_grad=True)
+    with pytest.raises(ValueError, match=r"checkpoint_sequential: segments must be an int from 1 to 2 .*got 3"):
+        checkpoint_sequential([abs, abs], 3, x)
+    with pytest.raises(ValueError, match=r"segments must be an int from 1 to 2 .*got 0"):
+        checkpoint_sequential([abs, abs], 0, x)
+    with pytest.raises(TypeError, match=r"functions must be a non-empty sequence of callables; got \['int'\]"):
+        checkpoint_sequential([3], 1, x)
+
+
 def test_checkpoint_errors_are_named():
     from tinytorch.perf.kv_cache import checkpoint
     with pytest.raises(TypeError, match="checkpoint: fn must be callable"):
@@ -484,4 +553,5 @@ def test_checkpoint_has_its_own_package_path():
     from tinytorch.core import checkpoint as path
     from tinytorch.perf import kv_cache
     assert path.checkpoint is kv_cache.checkpoint and path.CheckpointFunction is kv_cache.CheckpointFunction
-    assert sorted(path.__all__) == ["CheckpointFunction", "checkpoint"]
+    assert path.checkpoint_sequential is kv_cache.checkpoint_sequential
+    assert sorted(path.__all__) == ["CheckpointFunction", "checkpoint", "checkpoint_sequential"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-_all_ = ['checkpoint', 'CheckpointFunction']
+_all_ = ['checkpoint', 'checkpoint_sequential', 'CheckpointFunction']
 
 
 def __getattr__(name):
@@ -17,4 +17,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # %% auto #0
-__all__ = ['checkpoint', 'CheckpointFunction']
+__all__ = ['checkpoint', 'checkpoint_sequential', 'CheckpointFunction']

@@ -18,7 +18,7 @@ from ..text.embeddings import LearnedPositionalEmbedding
 
 # %% auto #0
 __all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'FusedGPT', 'PagedKVCache',
-           'PagedLayerCache', 'CheckpointFunction', 'checkpoint']
+           'PagedLayerCache', 'CheckpointFunction', 'checkpoint', 'checkpoint_sequential']
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #kv-cache
 class KVCache:
@@ -545,3 +545,32 @@ def checkpoint(fn, *inputs) -> Tensor:
     if not inputs or not all(isinstance(x, Tensor) for x in inputs):
         raise TypeError(f"checkpoint: inputs must be one or more Tensors; got {[type(x).__name__ for x in inputs]}")
     return CheckpointFunction.apply(fn, *inputs)
+
+
+def checkpoint_sequential(functions, segments: int, x: Tensor) -> Tensor:
+    """Run `functions` (callables, e.g. a model's blocks) one after another on `x`, checkpointed in `segments` runs.
+
+    As PyTorch's `torch.utils.checkpoint.checkpoint_sequential`: the functions are split into
+    `segments` runs of `len(functions) // segments` consecutive ones, the last run taking the rest;
+    every run but the **last** is one `checkpoint`. The last run is not checkpointed: backward
+    needs its activations first, right after forward, so recomputing them would cost a forward of
+    that run and save no peak memory (the peak is then one run's activations either way).
+    EXAMPLE: `checkpoint_sequential(gpt.blocks, len(gpt.blocks), x)` checkpoints every block but the last.
+    """
+    functions = list(functions)
+    if not functions or not all(callable(f) for f in functions):
+        raise TypeError(f"checkpoint_sequential: functions must be a non-empty sequence of callables; got "
+                        f"{[type(f).__name__ for f in functions]}")
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= len(functions):
+        raise ValueError(f"checkpoint_sequential: segments must be an int from 1 to {len(functions)} (the number "
+                         f"of functions); got {segments!r}")
+    size = len(functions) // segments
+    for start in range(0, size * (segments - 1), size):
+        x = checkpoint(lambda h, run=functions[start:start + size]: _run_all(run, h), x)
+    return _run_all(functions[size * (segments - 1):], x)
+
+
+def _run_all(functions, x):
+    for f in functions:
+        x = f(x)
+    return x
