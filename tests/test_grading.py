@@ -117,7 +117,7 @@ def test_release_stubs_compile_and_raise_not_implemented(course, number):
         [(c.label, c.status, c.evalue) for c in report.tests]
 
 
-# ------------------------------------------------------------------ a simulated class, two modules
+# ------------------------------------------------------------------ a simulated class
 
 # Every kind of submission, on a module with a prerequisite (01's solution in the grading package). Module 01
 # alone is graded by the tests below (exchange, interruption, isolation, preflight); one class of 02 costs
