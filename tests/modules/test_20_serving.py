@@ -230,6 +230,37 @@ def test_continuous_keeps_slots_full_and_static_does_not():
     assert calls == [(3, 1)], f"a decode step of 3 sequences is one forward of ids (3, 1); got {calls}"
 
 
+def test_decodes_and_a_short_prefill_share_one_forward_and_a_long_one_gets_its_own():
+    """`_forward` (given) packs the decodes and the joiners' prompts into one call while the padding stays
+    within `pack_padding` tokens and the padded layout within the context; otherwise two calls. Either
+    way every sequence gets the tokens it gets alone."""
+    gpt = tiny_gpt(context=64)
+    calls = []
+    h = gpt.register_forward_pre_hook(lambda m, args: calls.append(np.shape(args[0])))
+    try:
+        for prompt_len, expected in ((3, [(3, 3)]), (30, [(2, 1), (1, 30)])):
+            cb = ContinuousBatcher(gpt, num_blocks=64, block_size=4, max_batch_size=3)
+            cb.pack_padding = 16
+            seqs = [Sequence(0, [1, 2], 6), Sequence(1, [3, 4, 5], 6),
+                    Sequence(2, [i % 20 for i in range(1, prompt_len + 1)], 4, temperature=0.9, seed=5)]
+            cb.add(seqs[0])
+            cb.add(seqs[1])
+            cb.step()                      # both prefill
+            cb.add(seqs[2])
+            calls.clear()
+            cb.step()                      # two decodes and a joiner
+            assert calls == expected, (f"2 decodes + a prompt of {prompt_len} (padding "
+                                       f"{3 * max(prompt_len, 1) - 2 - prompt_len} tokens, pack_padding 16): "
+                                       f"forwards {calls}, expected {expected}")
+            cb.run_until_done()
+            for s in seqs:
+                kw = dict(temperature=0.9, seed=5) if s.id == 2 else dict(temperature=0)
+                solo = generate_cached(gpt, s.prompt[None], s.max_new_tokens, **kw)[0, len(s.prompt):].tolist()
+                assert s.tokens == solo, f"prompt {prompt_len}, sequence {s.id}: batched {s.tokens}, alone {solo}"
+    finally:
+        h.remove()
+
+
 @pytest.mark.exercise("20.4", "ContinuousBatcher.step")
 def test_step_joins_decodes_and_leaves_in_order():
     # step's EXAMPLE: 2 slots, prompts asking for 1, 3 and 2 tokens

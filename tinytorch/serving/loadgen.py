@@ -172,8 +172,7 @@ async def run_load(target, path: str, body, *, rate: float | None = None, concur
         due_times = poisson_arrivals(rate, n_requests, duration, seed)
         tasks = []
         for i, due in enumerate(due_times):
-            delay = t0 + due - clock()
-            if delay > 0:
+            while (delay := t0 + due - clock()) > 0:   # again: uvloop's timers round to milliseconds and may wake early
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(i, float(due))))
         await asyncio.gather(*tasks)
@@ -309,7 +308,12 @@ def _worker(url: str) -> None:
     import sys
 
     answers, sys.stdout = sys.stdout, sys.stderr   # nothing else may write on the answers' channel
-    with asyncio.Runner() as runner:
+    try:
+        import uvloop   # the event loop written in C, which uvicorn also picks when it is installed
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
         client = RawHTTPClient(url)
         for line in sys.stdin:
             job = json.loads(line)

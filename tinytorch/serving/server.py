@@ -453,6 +453,8 @@ class ContinuousBatcher:
     `policy="static"` new sequences join only when the whole previous batch has finished (static
     batching, for comparison). The model is used in eval mode under `no_grad`."""
 
+    pack_padding = 64   # padding tokens one call may carry rather than make a second call (see `_forward`)
+
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8, policy: str = "continuous"):
         if policy not in ("continuous", "static"):
             raise ValueError(f"ContinuousBatcher: policy must be 'continuous' or 'static'; got {policy!r}")
@@ -487,13 +489,17 @@ class ContinuousBatcher:
         """The batched forward of one step: the newest token of each sequence in `decoding` at its own
         position, and the whole prompt of each sequence in `joining` (its prefill), into their blocks.
         Returns the logits `(len(decoding) + len(joining), V)` of each row's last token, decoding rows
-        first. Decodes and prefills are two model calls when both are present (on a CPU, padding the
-        one-token decodes to a prompt's width would cost more than the second call)."""
+        first. Decodes and prefills share one model call when the padding that costs is small: every
+        row is as wide as the longest prompt, so the one-token decodes bring `width - 1` padding
+        tokens each. Past `pack_padding` padding tokens (or past the model's context, the width of the
+        padded layout), they are two calls: a call's fixed cost (every op's overhead, the weights read
+        once) against the padding's arithmetic."""
         seqs = list(decoding) + list(joining)
         news = [[s.tokens[-1]] for s in decoding] + [s.prompt.tolist() for s in joining]
         past = [self.pool.lengths[s.id][0] for s in seqs]
         longest, width = max(past), max(map(len, news))
-        if decoding and joining:   # two calls: padding one-token decodes to a prompt's width would multiply their work
+        padding = len(seqs) * width - sum(map(len, news))
+        if decoding and joining and (padding > self.pack_padding or longest + width > self.model.context_length):
             return np.concatenate([self._forward(decoding, []), self._forward([], joining)])
         ids = np.zeros((len(seqs), width), dtype=np.int64)
         mask = np.zeros((len(seqs), longest + width), dtype=np.int64)
