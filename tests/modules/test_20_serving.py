@@ -417,6 +417,93 @@ def test_overload_gets_503_with_retry_after_at_once():
     assert (st_.cls_admission.admitted, st_.cls_admission.rejected, st_.cls_admission.in_system) == (2, 6, 0)
 
 
+def test_a_request_that_waits_past_max_queue_delay_gets_503_and_the_others_their_answers():
+    """Given code: `max_queue_delay` bounds the wait for a batch. One batch at a time of 0.1 s, batches of 2:
+    the first two are served at once, the next two wait 0.1 s (< 0.15 s) and are served, the rest have waited
+    0.2 s when their turn comes and get 503 with Retry-After; the counter and /metrics say so."""
+    from tinytorch.serving.server import DynamicBatcher, QueueTimeout
+
+    with pytest.raises(ValueError, match=r"max_queue_delay must be > 0 seconds or None; got 0"):
+        DynamicBatcher(lambda xs: xs, max_queue_delay=0)
+    app = create_app(classifier=Slow(0.1), input_shape=(4,), max_batch_size=2, max_wait=0.02, max_queue=100,
+                     max_queue_delay=0.15)
+
+    async def timed(client, i):
+        await asyncio.sleep(0.001 * i)   # arrival order = i
+        t0 = time.perf_counter()
+        r = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
+        return r, time.perf_counter() - t0
+
+    async def go():
+        async with served(app) as client:
+            results = await asyncio.gather(*(timed(client, i) for i in range(8)))
+            return results, (await client.get("/metrics")).text
+
+    results, metrics = run(go())
+    codes = [r.status_code for r, _ in results]
+    assert codes == [200] * 4 + [503] * 4, f"batches of 2 every 0.1 s, max_queue_delay 0.15 s: got {codes}"
+    for r, seconds in results[4:]:
+        assert int(r.headers["Retry-After"]) >= 1, r.headers
+        assert re.search(r"overloaded: waited \d+ ms in the queue, longer than max_queue_delay \(150 ms\)",
+                         r.json()["error"]), r.json()
+        assert seconds < 0.3, f"a timed-out request is answered when its turn comes ({seconds * 1e3:.0f} ms)"
+    st_ = app.state.serving
+    assert st_.cls_batcher.timed_out == 4 and st_.cls_admission.in_system == 0
+    assert parse_metrics(metrics)['tinytorch_queue_timeouts_total{endpoint="classify"}'] == 4
+    assert isinstance(QueueTimeout(0.2, 0.15), Exception)
+
+
+def test_admission_refuses_a_request_whose_predicted_wait_exceeds_max_queue_delay():
+    """Given code: with `max_queue_delay`, a request is refused at once when the requests already in the system
+    would take longer than that at the batcher's recent service time per request (Little's law with the rate the
+    server has now). One request alone takes 0.05 s: with 0.12 s allowed, 2 may be ahead of a new one, not 3."""
+    app = create_app(classifier=Slow(0.05), input_shape=(4,), max_batch_size=8, max_wait=0.0, max_queue=100,
+                     max_queue_delay=0.12)
+
+    async def go():
+        async with served(app) as client:
+            warm = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})   # sets the recent service time
+            assert warm.status_code == 200
+            rs = []
+            for _ in range(6):
+                rs.append(asyncio.create_task(client.post("/v1/classify", json={"input": [0, 0, 0, 0]})))
+                await asyncio.sleep(0.002)   # arrival order
+            return await asyncio.gather(*rs)
+
+    results = run(go())
+    codes = [r.status_code for r in results]
+    assert codes == [200] * 3 + [503] * 3, f"3 requests fit in 0.12 s at 0.05 s each, not 4; got {codes}"
+    assert re.search(r"overloaded: the 3 requests in the system take about 15\d ms at the recent service rate, more "
+                     r"than max_queue_delay \(120 ms\)", results[3].json()["error"]), results[3].json()
+    assert results[3].headers["Retry-After"] == "1"
+    assert app.state.serving.wait_refusals == 3 and app.state.serving.cls_admission.in_system == 0
+
+
+def test_a_late_event_loop_sheds_load_until_it_catches_up():
+    """Given code: with `max_loop_lag`, the server measures how late its event loop runs a 5 ms timer; while the
+    loop is late (here: blocked 0.1 s by a slow callback), new requests get 503 at once; once it catches up, 200."""
+    app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), max_loop_lag=0.02)
+
+    async def go():
+        async with served(app) as client:
+            await asyncio.sleep(0.03)
+            before = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
+            time.sleep(0.1)              # the loop is blocked: its timers fire 0.1 s late
+            await asyncio.sleep(0.001)   # the lag monitor wakes and measures
+            late = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
+            await asyncio.sleep(0.1)     # the estimate halves every 5 ms while the loop is on time
+            after = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
+            return before, late, after, (await client.get("/metrics")).text
+
+    before, late, after, metrics = run(go())
+    assert (before.status_code, late.status_code, after.status_code) == (200, 503, 200), \
+        (before.status_code, late.status_code, after.status_code)
+    assert re.search(r"overloaded: the server's event loop runs \d+ ms late \(max_loop_lag 20 ms\)",
+                     late.json()["error"]), late.json()
+    m = parse_metrics(metrics)
+    assert m["tinytorch_loop_lag_refusals_total"] == 1 and 0 <= m["tinytorch_event_loop_lag_seconds"] < 0.02, m
+
+
 def _sockets():
     import psutil
 

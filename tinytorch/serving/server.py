@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import numbers
@@ -23,9 +24,10 @@ from ..perf.kv_cache import PagedKVCache
 # %% auto #0
 __all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
            'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'WorkerLoop',
-           'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence', 'ContinuousBatcher',
-           'GenerationEngine', 'InSystemMeter', 'ServingState', 'create_app', 'BackgroundServer', 'mlp_classifier',
-           'sequential_from_spec', 'save_servable', 'load_servable', 'app_from_checkpoints', 'time_average_in_system']
+           'QueueTimeout', 'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence',
+           'ContinuousBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState', 'create_app', 'BackgroundServer',
+           'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable', 'app_from_checkpoints',
+           'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #errors
 class RequestError(Exception):
@@ -238,20 +240,41 @@ class WorkerLoop:
             self._executor = None
 
 
+class QueueTimeout(Exception):
+    "A request that waited longer than the batcher's `max_queue_delay` for its batch (the server answers 503)."
+
+    def __init__(self, waited: float, limit: float):
+        super().__init__(f"waited {waited * 1e3:.0f} ms in the queue, longer than max_queue_delay "
+                         f"({limit * 1e3:.0f} ms)")
+        self.waited, self.limit = waited, limit
+
+
 class DynamicBatcher(WorkerLoop):
     """Dynamic batching for a model that maps a batch `(B, ...)` to `(B, ...)` (given).
 
     `await submit(x)` queues one input and returns its row of `run_batch(stacked inputs)`. A loop
     on the event loop forms batches with `take_batch` (at most `max_batch_size`, the oldest waiting
     at most `max_wait` seconds) and runs each on a worker thread, so the server keeps accepting
-    (and refusing) requests while the model computes. Not thread-safe: call it from one event loop."""
+    (and refusing) requests while the model computes. Not thread-safe: call it from one event loop.
 
-    def __init__(self, run_batch, max_batch_size: int = 32, max_wait: float = 0.005, clock=time.perf_counter):
+    `max_queue_delay` (seconds, default None: no limit) bounds the time a request may wait for its
+    batch: before forming a batch, every request that has waited longer fails with `QueueTimeout`
+    (the server answers 503), as Triton's queue policy does with a timeout. A bound on the *number*
+    in the system bounds the wait only while the server answers at its usual rate; under overload
+    the refusals take CPU from the model too, the rate falls, and the same number waits longer."""
+
+    def __init__(self, run_batch, max_batch_size: int = 32, max_wait: float = 0.005, clock=time.perf_counter,
+                 max_queue_delay: float | None = None):
         self.run_batch = run_batch
         self.max_batch_size = check_positive_int(max_batch_size, "max_batch_size", "DynamicBatcher")
         if not max_wait >= 0:
             raise ValueError(f"DynamicBatcher: max_wait must be >= 0 seconds; got {max_wait!r}")
+        if max_queue_delay is not None and not max_queue_delay > 0:
+            raise ValueError(f"DynamicBatcher: max_queue_delay must be > 0 seconds or None; got {max_queue_delay!r}")
         self.max_wait, self.clock = float(max_wait), clock
+        self.max_queue_delay = None if max_queue_delay is None else float(max_queue_delay)
+        self.timed_out = 0                     # requests failed with QueueTimeout
+        self.recent_seconds_per_request = 0.0  # service time per request, moving average over the last batches
         self.pending: deque = deque()
         self.batch_sizes = LatencyWindow()
         self.service_times = LatencyWindow()   # seconds per batch
@@ -286,9 +309,19 @@ class DynamicBatcher(WorkerLoop):
         self._wake.set()
         return await future
 
+    def _expire(self, now: float) -> None:
+        "Fail the requests at the front of the queue that have waited longer than `max_queue_delay`."
+        while self.pending and now - self.pending[0][0] > self.max_queue_delay:
+            arrival, (_, future) = self.pending.popleft()
+            self.timed_out += 1
+            if not future.done():
+                future.set_exception(QueueTimeout(now - arrival, self.max_queue_delay))
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if self.max_queue_delay is not None:
+                self._expire(self.clock())
             try:
                 batch = take_batch(self.pending, self.max_batch_size, self.max_wait, self.clock())
             except Exception as e:   # a broken batching rule fails the waiting requests, never hangs them
@@ -321,6 +354,9 @@ class DynamicBatcher(WorkerLoop):
             else:
                 self.service_times.add(time.perf_counter() - t0)
                 self.batch_sizes.add(len(batch))
+                per_request = (time.perf_counter() - t0) / len(batch)
+                self.recent_seconds_per_request = (per_request if not self.recent_seconds_per_request else
+                                                   0.8 * self.recent_seconds_per_request + 0.2 * per_request)
                 for (_, (_, future)), row in zip(batch, out):
                     if not future.done():
                         future.set_result(row)
@@ -725,7 +761,8 @@ class ServingState:
 
     def __init__(self, classifier=None, input_shape=None, gpt=None, vocab=None, *, max_batch_size=32,
                  max_wait=0.005, max_queue=64, gen_max_batch_size=8, gen_max_queue=32, num_blocks=None,
-                 block_size=16, max_new_tokens_limit=64, policy="continuous", drain_timeout=30.0):
+                 block_size=16, max_new_tokens_limit=64, policy="continuous", drain_timeout=30.0,
+                 max_queue_delay=None, max_loop_lag=None):
         if classifier is None and gpt is None:
             raise ValueError("create_app: give a classifier (with input_shape), a gpt, or both")
         self.classifier, self.gpt, self.vocab = classifier, gpt, vocab
@@ -734,7 +771,8 @@ class ServingState:
             if self.input_shape is None:
                 raise ValueError("create_app: a classifier needs input_shape, the shape of one input, e.g. (64,)")
             classifier.eval()
-            self.cls_batcher = DynamicBatcher(self._run_classifier, max_batch_size, max_wait)
+            self.cls_batcher = DynamicBatcher(self._run_classifier, max_batch_size, max_wait,
+                                              max_queue_delay=max_queue_delay)
             self.cls_admission = AdmissionController(max_queue)
         if gpt is not None:
             blocks = num_blocks or gen_max_batch_size * -(-gpt.context_length // block_size)
@@ -748,6 +786,46 @@ class ServingState:
         self.responses: dict = {}
         self.tokens_generated = 0
         self.closing = False
+        # load shedding on the event loop's lag (Fastify's under-pressure, Node's toobusy): when the loop runs its
+        # timers late, every request's time grows before any queue sees it, and a refusal is the cheapest answer
+        self.max_loop_lag = None if max_loop_lag is None else float(max_loop_lag)
+        self.loop_lag = 0.0
+        self.lag_refusals = self.wait_refusals = 0
+        self._lag_task = None
+
+    async def _watch_loop_lag(self, interval: float = 0.005) -> None:
+        """`loop_lag`: how late the event loop ran a timer of `interval` seconds, measured without end; each
+        sample replaces the estimate if larger, else the estimate halves (a late loop is remembered briefly)."""
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(interval)
+            sample = max(0.0, time.perf_counter() - t0 - interval)
+            self.loop_lag = max(sample, self.loop_lag / 2)
+
+    def refuse_for_lag(self, endpoint: str):
+        "A 503 if the event loop runs later than `max_loop_lag`, else None (called before admission)."
+        if self.max_loop_lag is None or self.loop_lag <= self.max_loop_lag:
+            return None
+        self.lag_refusals += 1
+        self.count(endpoint, 503)
+        return _error(503, f"overloaded: the server's event loop runs {self.loop_lag * 1e3:.0f} ms late (max_loop_lag "
+                           f"{self.max_loop_lag * 1e3:.0f} ms); retry after 1 s", {"Retry-After": "1"})
+
+    def refuse_for_wait(self):
+        """A 503 if the classification requests already in the system would keep a new one waiting longer than
+        `max_queue_delay` at the batcher's *recent* service rate, else None: Little's law with the throughput the
+        server has now, which under overload is below the capacity the queue bound was sized for."""
+        limit = self.cls_batcher.max_queue_delay
+        if limit is None:
+            return None
+        wait = self.cls_admission.in_system * self.cls_batcher.recent_seconds_per_request
+        if wait <= limit:
+            return None
+        self.wait_refusals += 1
+        self.count("classify", 503)
+        return _error(503, f"overloaded: the {self.cls_admission.in_system} requests in the system take about "
+                           f"{wait * 1e3:.0f} ms at the recent service rate, more than max_queue_delay "
+                           f"({limit * 1e3:.0f} ms); retry after 1 s", {"Retry-After": "1"})
 
     def _run_classifier(self, xs: np.ndarray) -> np.ndarray:
         "Class probabilities `(B, C)` of a batch, in float64 (runs on the batcher's thread)."
@@ -762,6 +840,8 @@ class ServingState:
 
     async def start(self) -> None:
         self.closing = False
+        if self.max_loop_lag is not None:
+            self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag())
         if self.classifier is not None:
             await self.cls_batcher.start()
         if self.gpt is not None:
@@ -777,6 +857,11 @@ class ServingState:
             await self.cls_batcher.stop()
         if self.gpt is not None:
             await self.engine.stop()
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+            self._lag_task = None
 
     def metrics_text(self) -> str:
         "The Prometheus text exposition of the server's state."
@@ -807,6 +892,14 @@ class ServingState:
             queues.append(({"endpoint": "generate"}, self.engine.queue_length))
             sizes.append(("generate", self.engine.batcher.batch_sizes))
         metric("tinytorch_queue_length", "gauge", "Admitted requests waiting for a batch.", queues)
+        metric("tinytorch_event_loop_lag_seconds", "gauge",
+               "How late the event loop runs a 5 ms timer (measured only with max_loop_lag set).", [({}, self.loop_lag)])
+        metric("tinytorch_loop_lag_refusals_total", "counter", "Requests refused (503) because the loop ran late.",
+               [({}, self.lag_refusals)])
+        if self.classifier is not None:
+            metric("tinytorch_queue_timeouts_total", "counter",
+                   "Admitted requests refused (503) after waiting longer than max_queue_delay.",
+                   [({"endpoint": "classify"}, self.cls_batcher.timed_out)])
         for name, windows, help_text in (
                 ("tinytorch_batch_size", sizes, "Requests per classifier batch / sequences per decode step."),
                 ("tinytorch_request_latency_seconds", list(self.latency.items()),
@@ -847,6 +940,8 @@ async def _classify(request):
     if st.closing:
         st.count("classify", 503)
         return _error(503, "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+    if (refusal := st.refuse_for_lag("classify") or st.refuse_for_wait()) is not None:
+        return refusal
     if not st.cls_admission.try_admit():      # before reading the body: a refusal must cost next to nothing
         st.count("classify", 503)
         wait = st.cls_admission.retry_after(st.cls_batcher.seconds_per_request())
@@ -861,6 +956,10 @@ async def _classify(request):
     t0 = time.perf_counter()
     try:
         probs = await st.cls_batcher.submit(x)
+    except QueueTimeout as e:   # admitted, but the queue moved too slowly: refuse now rather than answer late
+        st.count("classify", 503)
+        wait = st.cls_admission.retry_after(st.cls_batcher.seconds_per_request())
+        return _error(503, f"overloaded: {e}; retry after {wait} s", {"Retry-After": str(wait)})
     finally:
         st.cls_admission.release()
     st.latency["classify"].add(time.perf_counter() - t0)
@@ -877,6 +976,8 @@ async def _generate(request):
     if st.closing:
         st.count("generate", 503)
         return _error(503, "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+    if (refusal := st.refuse_for_lag("generate")) is not None:
+        return refusal
     if not st.gen_admission.try_admit():      # before reading the body: a refusal must cost next to nothing
         st.count("generate", 503)
         wait = st.gen_admission.retry_after(st.engine.seconds_per_request())

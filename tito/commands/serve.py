@@ -57,6 +57,8 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
           max_batch_size: int = typer.Option(32, help="classification: the largest dynamic batch"),
           max_wait_ms: float = typer.Option(5.0, help="classification: the longest a request waits for a batch"),
           max_queue: int = typer.Option(64, help="requests in the system before 503 (per endpoint)"),
+          max_queue_delay_ms: float = typer.Option(0.0, min=0.0, help="classification: an admitted request that waits longer "
+                                                               "than this for its batch gets 503 (0: no limit)"),
           slots: int = typer.Option(8, help="generation: sequences decoded together (continuous batching)"),
           max_new_tokens: int = typer.Option(64, help="generation: the most tokens one request may ask for"),
           drain_seconds: float = typer.Option(30.0, help="how long shutdown waits for requests in flight")) -> None:
@@ -65,7 +67,8 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
     try:
         app_ = server.app_from_checkpoints(models, max_batch_size=max_batch_size, max_wait=max_wait_ms / 1000,
                                            max_queue=max_queue, gen_max_batch_size=slots, gen_max_queue=max_queue,
-                                           max_new_tokens_limit=max_new_tokens, drain_timeout=drain_seconds)
+                                           max_new_tokens_limit=max_new_tokens, drain_timeout=drain_seconds,
+                                           max_queue_delay=max_queue_delay_ms / 1000 if max_queue_delay_ms > 0 else None)
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         _fail(str(e))
     import socket
