@@ -33,7 +33,7 @@ from tinytorch.models.gpt import GPT
 from tinytorch.perf.kv_cache import generate_cached
 from tinytorch.serving.loadgen import parse_metrics, poisson_arrivals, run_load
 from tinytorch.serving.server import (AdmissionController, BackgroundServer, ContinuousBatcher, RequestError,
-                                      Sequence, app_from_checkpoints, create_app, load_servable, mlp_classifier,
+                                      Sequence, StaticBatcher, app_from_checkpoints, create_app, load_servable, mlp_classifier,
                                       parse_generate_request, save_servable, take_batch, time_average_in_system)
 
 pytestmark = pytest.mark.module("20")
@@ -202,6 +202,40 @@ def test_every_sequence_gets_its_solo_tokens(seed, slots, blocks, policy):
         solo = generate_cached(gpt, prompt[None], n, **kw)[0, len(prompt):].tolist()
         assert s.tokens == solo, f"sequence {s.id} {kw}: batched {s.tokens}, alone {solo}"
     assert cb.pool.num_free_blocks == blocks
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), slots=st.integers(1, 4))
+def test_static_batcher_computes_every_row_until_the_batch_ends_and_keeps_solo_tokens(seed, slots):
+    """Given code: `StaticBatcher` (FasterTransformer's static batching): a batch starts together, every step
+    computes all its rows (done ones as padding), and it leaves together; tokens equal the solo ones."""
+    gpt = tiny_gpt(seed % 3)
+    reqs = workload(np.random.default_rng(seed), 7)
+    cb = StaticBatcher(gpt, num_blocks=40, block_size=4, max_batch_size=slots)
+    for i, (prompt, n, kw) in enumerate(reqs):
+        cb.add(Sequence(i, prompt, n, **kw))
+    rows = []
+    h = gpt.register_forward_pre_hook(lambda m, args: rows.append(np.shape(args[0])[0]))
+    try:
+        finished, batches = [], []
+        while cb.waiting or cb.running:
+            batch = [s.id for s in cb.running] or [s.id for s in list(cb.waiting)[:slots]]
+            left = cb.step()
+            if left:
+                assert sorted(s.id for s in left) == sorted(batch), f"a static batch leaves together: {batch}, left {left}"
+                batches.append(batch)
+            finished += left
+    finally:
+        h.remove()
+    expected_rows = []
+    for batch in batches:   # one prefill, then one step per token of the longest but the first, all rows
+        expected_rows += [len(batch)] * max(reqs[i][1] for i in batch)
+    assert rows == expected_rows, f"rows per forward {rows}, expected {expected_rows} (every row until the batch ends)"
+    for s in finished:
+        prompt, n, kw = reqs[s.id]
+        solo = generate_cached(gpt, prompt[None], n, **kw)[0, len(prompt):].tolist()
+        assert s.tokens == solo, f"sequence {s.id} {kw}: static {s.tokens}, alone {solo}"
+    assert cb.pool.num_free_blocks == 40
 
 
 @pytest.mark.exercise("20.4", "ContinuousBatcher.step")

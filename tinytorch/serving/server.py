@@ -25,9 +25,9 @@ from ..perf.kv_cache import PagedKVCache
 __all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
            'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'WorkerLoop',
            'QueueTimeout', 'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence',
-           'ContinuousBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState', 'create_app', 'BackgroundServer',
-           'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable', 'app_from_checkpoints',
-           'time_average_in_system']
+           'ContinuousBatcher', 'StaticBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState', 'create_app',
+           'BackgroundServer', 'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable',
+           'app_from_checkpoints', 'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #errors
 class RequestError(Exception):
@@ -610,6 +610,68 @@ class ContinuousBatcher:
             out.extend(self.step())
         raise RuntimeError(f"ContinuousBatcher.run_until_done: still busy after {max_steps} steps "
                            f"({len(self.waiting)} waiting, {len(self.running)} running)")
+
+# %% ../../modules/20_serving/20_serving.ipynb #static-batcher
+class StaticBatcher(ContinuousBatcher):
+    """Static batching as FasterTransformer and a batched `generate` run it (given): continuous batching's baseline.
+
+    `StaticBatcher(model, num_blocks, block_size=16, max_batch_size=8)`. Up to `max_batch_size` waiting
+    sequences start together (one prefill); at every step every row of the batch is computed, the rows of
+    sequences already done included (such a row brings no new token and its logits are thrown away: the
+    batch is one rectangle until its end); the batch leaves together when its longest sequence is done,
+    and only then do the next sequences join. That is the baseline of the Orca paper (Yu et al., OSDI
+    2022). `ContinuousBatcher(policy="static")` differs in one point: a finished sequence leaves at once,
+    so its row is no longer computed. Every sequence still gets exactly its solo tokens."""
+
+    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8):
+        super().__init__(model, num_blocks, block_size, max_batch_size, policy="static")
+
+    def _forward_rows(self, decoding: list, done: list) -> np.ndarray:
+        """One decoding step of `decoding` in a batch that still computes the rows of the `done` sequences
+        (padding: no new token, no key or value written). Returns the logits `(len(decoding), V)`."""
+        seqs = list(decoding) + list(done)
+        past = [self.pool.lengths[s.id][0] for s in seqs]
+        longest = max(past)
+        ids = np.zeros((len(seqs), 1), dtype=np.int64)
+        mask = np.zeros((len(seqs), longest + 1), dtype=np.int64)
+        for i, (seq, n) in enumerate(zip(seqs, past)):
+            mask[i, :n] = 1
+            if i < len(decoding):
+                ids[i, 0] = seq.tokens[-1]
+                mask[i, longest] = 1
+        counts = [1] * len(decoding) + [0] * len(done)
+        caches = [BatchedPagedCache(self.pool, [s.id for s in seqs], layer, longest, counts)
+                  for layer in range(self.pool.num_layers)]
+        with no_grad():
+            logits = self.model(ids, start_pos=longest, cache=caches, attention_mask=mask).data[:, -1]
+        self.decoded_tokens += len(decoding)
+        return logits[:len(decoding)]
+
+    def step(self) -> list:
+        "One step of the batch (or the prefill of a new one); the whole batch once its last sequence is done."
+        decoded = 0
+        if not self.running:
+            joiners = []
+            while self.waiting and len(joiners) < self.max_batch_size and self._reserve(self.waiting[0]):
+                joiners.append(self.waiting.popleft())
+            if joiners:
+                for seq, row in zip(joiners, self._forward([], joiners)):
+                    self._emit(seq, row)
+                self.running = joiners
+        else:
+            decoding = [s for s in self.running if not s.done]
+            decoded = len(decoding)
+            for seq, row in zip(decoding, self._forward_rows(decoding, [s for s in self.running if s.done])):
+                self._emit(seq, row)
+        finished = []
+        if self.running and all(s.done for s in self.running):
+            finished, self.running = self.running, []
+            for seq in finished:
+                self.pool.free(seq.id)
+        self.steps += 1
+        self.batch_sizes.add(decoded)
+        return finished
+
 
 # %% ../../modules/20_serving/20_serving.ipynb #gen-engine
 class GenerationEngine(WorkerLoop):
