@@ -46,7 +46,7 @@ def test_quick_run_reports_every_measurement(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1), text[-3000:]
     for words in ("throughput within p99 <= 100 ms", "Little's law", "the same over HTTP", "refused with 503",
-                  "every request got the same tokens under all three schedules and alone: True",
+                  "every request got the same tokens under all four schedules and alone: True", "continuous / static batching:",
                   "target: in under 300 s", "saved plot"):
         assert words in text, f"the milestone's output lacks {words!r}:\n{text[-3000:]}"
     assert out.is_file() and (tmp_path / "serving_digits.npz").is_file()
