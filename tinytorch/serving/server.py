@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import numbers
@@ -1120,11 +1121,16 @@ def create_app(classifier=None, input_shape=None, gpt=None, vocab=None, **option
 
     @asynccontextmanager
     async def lifespan(app):
+        # what is alive at startup (the models, the imports, the caller's data) leaves the garbage collector's
+        # generations: a full collection, which pauses every thread, no longer walks it (Instagram's gc.freeze)
+        gc.collect()
+        gc.freeze()
         await state.start()
         try:
             yield
         finally:
             await state.stop()
+            gc.unfreeze()
 
     app = Starlette(routes=[Route("/v1/classify", _classify, methods=["POST"]),
                             Route("/v1/generate", _generate, methods=["POST"]),
