@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                  ("static batches of 8", StaticBatcher, dict(max_batch_size=8)),
                  ("static, early leave", ContinuousBatcher, dict(max_batch_size=8, policy="static")),
                  ("continuous, 8 slots", ContinuousBatcher, dict(max_batch_size=8)))
-    for repeat in range(1 if run.quick else 3):   # interleaved repeats, the best of each: a busy machine only slows
+    for repeat in range(1 if run.quick else 5):   # interleaved repeats, the best of each: a busy machine only slows
         for label, batcher, kw in schedules:
             cb = batcher(gpt, num_blocks=8 * 4 + 4, block_size=16, **kw)
             for i, n in enumerate(lengths):
