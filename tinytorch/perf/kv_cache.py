@@ -12,7 +12,7 @@ from ..core.activations import GELU
 from ..core.attention import causal_mask
 from ..core.autograd import Function, backward, no_grad
 from ..core.layers import as_generator, check_positive_int
-from ..core.tensor import Tensor, is_grad_enabled, set_grad_enabled
+from ..core.tensor import Tensor, set_grad_enabled
 from ..models.gpt import sample_next
 from ..text.embeddings import LearnedPositionalEmbedding
 
@@ -493,12 +493,8 @@ class CheckpointFunction(Function):
     @staticmethod
     def forward(ctx, fn, *arrays):
         ctx.fn, ctx.arrays = fn, arrays
-        previous = is_grad_enabled()
-        set_grad_enabled(False)
-        try:
+        with no_grad():   # no graph inside fn: its activations are freed as soon as fn is done with them
             out = fn(*(Tensor(a) for a in arrays))
-        finally:
-            set_grad_enabled(previous)
         return out.data
 
     @staticmethod
@@ -518,13 +514,12 @@ class CheckpointFunction(Function):
           array (None for an input that needs none, or that the output does not depend on).
         EXAMPLE: `checkpoint(lambda x: (x * x).sum(), x)` gives `x.grad == 2 x`, as without it.
 
-        HINTS: `set_grad_enabled` with `try` / `finally`; module 06's `backward(tensor, grad)`; a
-        tuple with a leading None.
+        HINTS: `set_grad_enabled` (it returns the previous mode) with `try` / `finally`; module 06's
+        `backward(tensor, grad)`; a tuple with a leading None.
         """
         ### BEGIN SOLUTION
         xs = [Tensor(a, requires_grad=bool(need)) for a, need in zip(ctx.arrays, ctx.needs_input_grad[1:])]
-        previous = is_grad_enabled()
-        set_grad_enabled(True)
+        previous = set_grad_enabled(True)   # it returns the mode it replaces
         try:
             out = ctx.fn(*xs)
         finally:

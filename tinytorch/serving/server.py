@@ -353,9 +353,10 @@ class DynamicBatcher(WorkerLoop):
                     if not future.done():
                         future.set_exception(e)
             else:
-                self.service_times.add(time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                self.service_times.add(seconds)
                 self.batch_sizes.add(len(batch))
-                per_request = (time.perf_counter() - t0) / len(batch)
+                per_request = seconds / len(batch)
                 self.recent_seconds_per_request = (per_request if not self.recent_seconds_per_request else
                                                    0.8 * self.recent_seconds_per_request + 0.2 * per_request)
                 for (_, (_, future)), row in zip(batch, out):
