@@ -29,12 +29,13 @@ from hypothesis import strategies as st
 
 from tinytorch.core.layers import Module
 from tinytorch.core.tensor import Tensor
-from tinytorch.models.gpt import GPT
+from tinytorch.models.gpt import GPT, sample_next
 from tinytorch.perf.kv_cache import generate_cached
 from tinytorch.serving.loadgen import parse_metrics, poisson_arrivals, run_load
 from tinytorch.serving.server import (AdmissionController, BackgroundServer, ContinuousBatcher, RequestError,
                                       Sequence, StaticBatcher, app_from_checkpoints, create_app, load_servable, mlp_classifier,
-                                      parse_generate_request, save_servable, take_batch, time_average_in_system)
+                                      parse_generate_request, sample_rows, save_servable, take_batch,
+                                      time_average_in_system)
 
 pytestmark = pytest.mark.module("20")
 
@@ -238,6 +239,78 @@ def test_static_batcher_computes_every_row_until_the_batch_ends_and_keeps_solo_t
     assert cb.pool.num_free_blocks == 40
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 9), vocab=st.integers(1, 70),
+       temperature=st.sampled_from([0.0, 0.3, 0.8, 1.0, 2.5]), top_k=st.sampled_from([None, 1, 2, 5, 10, 80]),
+       ties=st.booleans())
+def test_sample_rows_draws_what_sample_next_draws_row_by_row(seed, rows, vocab, temperature, top_k, ties):
+    """Given code: `sample_rows` is `sample_next` for rows that each bring their own generator: the same token
+    for every row and the same generator state after (one draw per sampled row), ties at the top-k cut included."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 2, (rows, vocab)).astype(np.float32)
+    if ties:
+        logits = np.round(logits)            # many equal values, some at the top-k cut
+    alone = [np.random.default_rng(seed + i) for i in range(rows)]
+    together = [np.random.default_rng(seed + i) for i in range(rows)]
+    expected = [int(sample_next(logits[i:i + 1], temperature, top_k, alone[i])[0]) for i in range(rows)]
+    got = sample_rows(logits, temperature, top_k, together)
+    assert got.dtype == np.int64 and got.tolist() == expected, f"sample_rows {got.tolist()}, sample_next row by row {expected}"
+    assert [g.random() for g in together] == [a.random() for a in alone], "each generator must be left where sample_next leaves it"
+
+
+def test_emit_draws_a_step_in_one_pass_and_falls_back_to_sample_next_when_they_disagree(monkeypatch):
+    """`_emit` (given) samples the rows of one setting together once `sampling_agrees` confirmed the vectorized
+    pass for it; a `sample_next` that draws differently (here by the Gumbel-max trick)
+    fails that check and is called row by row, so every sequence still gets exactly its solo tokens."""
+    import tinytorch.perf.kv_cache as kv_cache
+    import tinytorch.serving.server as server
+
+    gpt = tiny_gpt(1)
+    reqs = [([1 + i % 5, 2, 3], 6, dict(temperature=0.8, top_k=5, seed=i)) for i in range(6)]
+    reqs += [([4, 5], 5, dict(temperature=0.0))]
+    real = server.sample_next
+    calls = []
+
+    def counting(*args, **kw):
+        calls.append(np.shape(args[0]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(server, "sample_next", counting)
+    cb = ContinuousBatcher(gpt, num_blocks=40, block_size=4, max_batch_size=8)
+    for i, (prompt, n, kw) in enumerate(reqs):
+        cb.add(Sequence(i, prompt, n, **kw))
+    done = cb.run_until_done()
+    assert cb._vectorized == {(0.8, 5, 20): True, (0.0, None, 20): True}, cb._vectorized
+    checks = 2 * 64                          # sampling_agrees: 64 rows per setting, once per batcher
+    assert len(calls) == checks, f"after the check, no row should go through sample_next; {len(calls) - checks} did"
+    for s in done:
+        prompt, n, kw = reqs[s.id]
+        assert s.tokens == generate_cached(gpt, np.array([prompt]), n, **kw)[0, len(prompt):].tolist()
+
+    def gumbel(logits, temperature=1.0, top_k=None, rng=None):
+        "A sample_next that draws by the Gumbel-max trick: the same distribution, other draws and tokens."
+        x = np.asarray(logits, dtype=np.float64)
+        if temperature == 0:
+            return x.argmax(axis=-1).astype(np.int64)
+        x = x / temperature
+        if top_k is not None and top_k < x.shape[-1]:
+            x = np.where(x < np.sort(x, axis=-1)[:, -top_k][:, None], -np.inf, x)
+        return (x + rng.gumbel(size=x.shape)).argmax(axis=-1).astype(np.int64)
+
+    monkeypatch.setattr(server, "sample_next", gumbel)
+    monkeypatch.setattr(kv_cache, "sample_next", gumbel)     # what generate_cached, the solo run, calls
+    assert not server.sampling_agrees(0.8, 5, 20), "a sampler that draws differently must fail the check"
+    cb = ContinuousBatcher(gpt, num_blocks=40, block_size=4, max_batch_size=8)
+    for i, (prompt, n, kw) in enumerate(reqs):
+        cb.add(Sequence(i, prompt, n, **kw))
+    done = cb.run_until_done()
+    assert cb._vectorized == {(0.8, 5, 20): False, (0.0, None, 20): True}, cb._vectorized
+    for s in done:
+        prompt, n, kw = reqs[s.id]
+        assert s.tokens == generate_cached(gpt, np.array([prompt]), n, **kw)[0, len(prompt):].tolist(), \
+            f"sequence {s.id}: with the fallback, batching must not change a token"
+
+
 @pytest.mark.exercise("20.4", "ContinuousBatcher.step")
 def test_continuous_keeps_slots_full_and_static_does_not():
     gpt = tiny_gpt()
@@ -273,7 +346,7 @@ def test_decodes_and_a_short_prefill_share_one_forward_and_a_long_one_gets_its_o
     h = gpt.register_forward_pre_hook(lambda m, args: calls.append(np.shape(args[0])))
     try:
         for prompt_len, expected in ((3, [(3, 3)]), (30, [(2, 1), (1, 30)])):
-            cb = ContinuousBatcher(gpt, num_blocks=64, block_size=4, max_batch_size=3)
+            cb = ContinuousBatcher(gpt, num_blocks=64, block_size=4, max_batch_size=3, prefix_cache=0)
             cb.pack_padding = 16
             seqs = [Sequence(0, [1, 2], 6), Sequence(1, [3, 4, 5], 6),
                     Sequence(2, [i % 20 for i in range(1, prompt_len + 1)], 4, temperature=0.9, seed=5)]
@@ -294,6 +367,44 @@ def test_decodes_and_a_short_prefill_share_one_forward_and_a_long_one_gets_its_o
     finally:
         h.remove()
 
+
+
+def test_a_repeated_or_shared_prompt_prefix_is_copied_from_the_cache_not_recomputed():
+    """Given code: `prefix_cache` keeps the keys and values of recent prompts but their last token. A joiner
+    whose prompt repeats one prefills one token; one that starts with a cached prompt prefills the rest;
+    the least recently used entry goes first; `prefix_cache=0` recomputes everything. Tokens stay solo."""
+    gpt = tiny_gpt(2, context=32)
+    calls = []
+    h = gpt.register_forward_pre_hook(lambda m, args: calls.append(np.shape(args[0])))
+    system = [3, 1, 4, 1, 5]
+    prompts = {"first": system + [9], "again": system + [9], "longer": system + [9, 2, 6, 5],
+               "other": [7, 7, 7]}
+    kw = dict(temperature=0.9, top_k=6)
+    try:
+        for size in (2, 0):
+            cb = ContinuousBatcher(gpt, num_blocks=40, block_size=4, max_batch_size=4, prefix_cache=size)
+            widths = {}
+            for i, (name, prompt) in enumerate(prompts.items()):
+                seq = Sequence(name, prompt, 3, seed=i, **kw)
+                cb.add(seq)
+                calls.clear()
+                cb.step()                  # joins alone (the others have finished: 3 tokens, 3 steps)
+                widths[name] = calls[0][1]
+                cb.run_until_done()
+                solo = generate_cached(gpt, np.array([prompt]), 3, seed=i, **kw)[0, len(prompt):].tolist()
+                assert seq.tokens == solo, f"prefix_cache={size}, {name}: batched {seq.tokens}, alone {solo}"
+            if size:
+                assert widths == {"first": 6, "again": 1, "longer": 4, "other": 3}, \
+                    f"prefill widths {widths}: a repeated prompt is 1 token, one that extends a cached prompt the rest"
+                assert (cb.prefix_hits, cb.prefix_tokens) == (2, 10), (cb.prefix_hits, cb.prefix_tokens)
+                assert list(cb.prefixes) == [tuple(system + [9, 2, 6]), (7, 7)], \
+                    f"at most 2 entries, least recently used out first: {list(cb.prefixes)}"
+            else:
+                assert widths == {n: len(p) for n, p in prompts.items()} and not cb.prefixes and cb.prefix_hits == 0
+    finally:
+        h.remove()
+    with pytest.raises(ValueError, match="prefix_cache must be a number of entries >= 0"):
+        ContinuousBatcher(gpt, num_blocks=4, prefix_cache=-1)
 
 @pytest.mark.exercise("20.4", "ContinuousBatcher.step")
 def test_step_joins_decodes_and_leaves_in_order():

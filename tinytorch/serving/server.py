@@ -11,7 +11,7 @@ import math
 import numbers
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -25,9 +25,9 @@ from ..perf.kv_cache import PagedKVCache
 # %% auto #0
 __all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
            'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'WorkerLoop',
-           'QueueTimeout', 'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence',
-           'ContinuousBatcher', 'StaticBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState', 'create_app',
-           'BackgroundServer', 'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable',
+           'QueueTimeout', 'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence', 'sample_rows',
+           'sampling_agrees', 'ContinuousBatcher', 'StaticBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState',
+           'create_app', 'BackgroundServer', 'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable',
            'app_from_checkpoints', 'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #errors
@@ -480,6 +480,48 @@ class Sequence:
     def __repr__(self) -> str:
         return f"Sequence({self.id!r}, prompt {len(self.prompt)}, {len(self.tokens)}/{self.max_new_tokens} tokens)"
 
+def sample_rows(logits, temperature: float, top_k, rngs) -> np.ndarray:
+    """Module 13's `sample_next` for rows that each bring their own generator, in one vectorized pass (given).
+
+    `logits` `(n, V)`, one setting (`temperature`, `top_k`) for every row, `rngs` a list of `n`
+    Generators. Row `i` gets the token that `sample_next(logits[i:i+1], temperature, top_k, rngs[i])`
+    draws: the same arithmetic in float64 (temperature, the `top_k`-th largest value as the cut,
+    softmax with the maximum subtracted) and one `random()` from the row's own generator, scaled by
+    the row's probability sum and located in its cumulative sum. One NumPy call per operation for
+    the whole batch instead of one `sample_next` per row (each about 20 us of call overheads here).
+    Whether it equals *this* `sample_next` is checked, not assumed: `sampling_agrees`."""
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        return x.argmax(axis=-1).astype(np.int64)
+    x = x / temperature
+    if top_k is not None and top_k < x.shape[-1]:
+        cut = -np.partition(-x, top_k - 1, axis=-1)[:, top_k - 1:top_k]
+        x = np.where(x >= cut, x, -np.inf)
+    p = np.exp(x - x.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    draws = np.array([rng.random() for rng in rngs])[:, None] * p.sum(axis=-1, keepdims=True)
+    return np.minimum((p.cumsum(axis=-1) < draws).sum(axis=-1), x.shape[-1] - 1).astype(np.int64)
+
+
+def sampling_agrees(temperature: float, top_k, vocab: int, trials: int = 64) -> bool:
+    """Whether `sample_rows` draws exactly what `sample_next` draws with these settings (given).
+
+    `sample_next` is the package's own (in a student's edition, the student's exercise 13.4, which
+    may draw otherwise, say by the Gumbel-max trick). On `trials` random rows, each with a fresh generator
+    from its seed, both must give the same token and leave the generator in the same state (the
+    next draw equal); any error counts as a disagreement. The batcher checks this once per setting
+    and falls back to one `sample_next` per row when they disagree, so batching never changes a token."""
+    logits = np.random.default_rng(2023).normal(0.0, 1.5, (trials, vocab)).astype(np.float32)
+    try:
+        alone = [np.random.default_rng(seed) for seed in range(trials)]
+        together = [np.random.default_rng(seed) for seed in range(trials)]
+        expected = [int(sample_next(logits[i:i + 1], temperature, top_k, alone[i])[0]) for i in range(trials)]
+        got = sample_rows(logits, temperature, top_k, together).tolist()
+        return got == expected and all(a.random() == b.random() for a, b in zip(alone, together))
+    except Exception:
+        return False
+
+
 # %% ../../modules/20_serving/20_serving.ipynb #continuous
 class ContinuousBatcher:
     """Iteration-level scheduling of generation on a paged KV cache (Orca's and vLLM's idea).
@@ -489,11 +531,19 @@ class ContinuousBatcher:
     `step()` runs one decoding iteration for every running sequence in **one** batched forward,
     lets finished sequences leave and waiting ones join, and returns the finished ones. With
     `policy="static"` new sequences join only when the whole previous batch has finished (static
-    batching, for comparison). The model is used in eval mode under `no_grad`."""
+    batching, for comparison). The model is used in eval mode under `no_grad`.
+
+    `prefix_cache` (given; entries, 0 turns it off) keeps the keys and values of recent prompts
+    (all but their last token): a joiner whose prompt starts with a cached prompt gets those
+    positions copied into its own blocks and prefills only the rest, at least its last token (whose
+    logits give its first new token). vLLM's automatic prefix caching shares whole blocks by
+    reference instead (a block of 16 here is longer than our prompts); SGLang's radix tree does it
+    token by token."""
 
     pack_padding = 64   # padding tokens one call may carry rather than make a second call (see `_forward`)
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8, policy: str = "continuous"):
+    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8, policy: str = "continuous",
+                 prefix_cache: int = 32):
         if policy not in ("continuous", "static"):
             raise ValueError(f"ContinuousBatcher: policy must be 'continuous' or 'static'; got {policy!r}")
         attn = model.blocks[0].attn
@@ -504,6 +554,13 @@ class ContinuousBatcher:
         self.running: list = []
         self.steps = self.decoded_tokens = 0
         self.batch_sizes = LatencyWindow()
+        self._vectorized: dict = {}   # (temperature, top_k, vocab) -> whether sample_rows equals sample_next
+        if not isinstance(prefix_cache, numbers.Integral) or isinstance(prefix_cache, bool) or prefix_cache < 0:
+            raise ValueError(f"ContinuousBatcher: prefix_cache must be a number of entries >= 0 (0 turns it off); "
+                             f"got {prefix_cache!r}")
+        self.prefix_cache = int(prefix_cache)
+        self.prefixes: OrderedDict = OrderedDict()   # prompt[:-1] as a tuple -> (keys, values) (n, layers, H, Dh)
+        self.prefix_hits = self.prefix_tokens = 0     # joins that reused a cached prefix, prompt tokens not recomputed
 
     def add(self, seq: Sequence) -> None:
         "Queue a sequence; it joins at a later `step()`."
@@ -523,6 +580,41 @@ class ContinuousBatcher:
         self.pool.allocate(seq.id, len(seq.prompt) + seq.max_new_tokens)
         return True
 
+    def _positions(self, seq: Sequence, n: int) -> tuple:
+        "The (block, slot) indices of positions 0..n-1 of a sequence in the pool."
+        pos = np.arange(n)
+        return np.asarray(self.pool.block_tables[seq.id])[pos // self.pool.block_size], pos % self.pool.block_size
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Copy into a fresh joiner's blocks the keys and values of the longest cached prompt that its
+        prompt starts with (at most all but its last token), and set its cached length to that."""
+        if not self.prefix_cache or len(seq.prompt) < 2 or self.pool.lengths[seq.id][0]:
+            return
+        prompt = tuple(seq.prompt.tolist())
+        key = prompt[:-1] if prompt[:-1] in self.prefixes else None
+        if key is None:   # a shorter cached prompt it starts with (a shared system prompt, say)
+            key = max((k for k in self.prefixes if len(k) < len(prompt) and prompt[:len(k)] == k), key=len, default=None)
+        if key is None:
+            return
+        self.prefixes.move_to_end(key)
+        keys, values = self.prefixes[key]
+        blocks, slots = self._positions(seq, len(key))
+        self.pool.k_pool[:, blocks, :, slots] = keys
+        self.pool.v_pool[:, blocks, :, slots] = values
+        self.pool.lengths[seq.id] = [len(key)] * self.pool.num_layers
+        self.prefix_hits += 1
+        self.prefix_tokens += len(key)
+
+    def _remember_prefix(self, seq: Sequence) -> None:
+        "After a joiner's prefill: cache its prompt's keys and values but the last token's (least recently used out)."
+        key = tuple(seq.prompt[:-1].tolist())
+        if not self.prefix_cache or not key or key in self.prefixes:
+            return
+        blocks, slots = self._positions(seq, len(key))
+        self.prefixes[key] = (self.pool.k_pool[:, blocks, :, slots], self.pool.v_pool[:, blocks, :, slots])
+        while len(self.prefixes) > self.prefix_cache:
+            self.prefixes.popitem(last=False)
+
     def _forward(self, decoding: list, joining: list) -> np.ndarray:
         """The batched forward of one step: the newest token of each sequence in `decoding` at its own
         position, and the whole prompt of each sequence in `joining` (its prefill), into their blocks.
@@ -531,10 +623,13 @@ class ContinuousBatcher:
         row is as wide as the longest prompt, so the one-token decodes bring `width - 1` padding
         tokens each. Past `pack_padding` padding tokens (or past the model's context, the width of the
         padded layout), they are two calls: a call's fixed cost (every op's overhead, the weights read
-        once) against the padding's arithmetic."""
+        once) against the padding's arithmetic. A joiner whose prompt begins with a cached one
+        (`prefix_cache`) brings only the rest of its prompt: a repeated prompt joins as one token."""
+        for seq in joining:
+            self._reuse_prefix(seq)
         seqs = list(decoding) + list(joining)
-        news = [[s.tokens[-1]] for s in decoding] + [s.prompt.tolist() for s in joining]
         past = [self.pool.lengths[s.id][0] for s in seqs]
+        news = [[s.tokens[-1]] for s in decoding] + [s.prompt[n:].tolist() for s, n in zip(joining, past[len(decoding):])]
         longest, width = max(past), max(map(len, news))
         padding = len(seqs) * width - sum(map(len, news))
         if decoding and joining and (padding > self.pack_padding or longest + width > self.model.context_length):
@@ -549,12 +644,30 @@ class ContinuousBatcher:
                   for layer in range(self.pool.num_layers)]
         with no_grad():
             logits = self.model(ids, start_pos=longest, cache=caches, attention_mask=mask).data[:, -1]
+        for seq in joining:
+            self._remember_prefix(seq)
         self.decoded_tokens += len(decoding)
         return logits
 
-    def _emit(self, seq: Sequence, logits: np.ndarray) -> None:
-        "Sample the sequence's next token from its logits `(V,)` with its own generator; append it."
-        seq.tokens.append(int(sample_next(logits[None], seq.temperature, seq.top_k, seq.rng)[0]))
+    def _emit(self, seqs: list, logits: np.ndarray) -> None:
+        """Append to each sequence of `seqs` its next token, drawn from its row of `logits`
+        `(len(seqs), V)` with its own settings and generator, as `sample_next` draws it alone.
+        Rows that share (temperature, top_k) are drawn in one vectorized pass (`sample_rows`) once
+        `sampling_agrees` has confirmed, for that setting, that the pass equals `sample_next`;
+        otherwise one `sample_next` per row."""
+        groups: dict = {}
+        for i, seq in enumerate(seqs):
+            groups.setdefault((seq.temperature, seq.top_k), []).append(i)
+        for (temperature, top_k), rows in groups.items():
+            key = (temperature, top_k, logits.shape[-1])
+            if key not in self._vectorized:
+                self._vectorized[key] = sampling_agrees(*key)
+            if self._vectorized[key]:
+                tokens = sample_rows(logits[rows], temperature, top_k, [seqs[i].rng for i in rows]).tolist()
+            else:
+                tokens = [int(sample_next(logits[i][None], temperature, top_k, seqs[i].rng)[0]) for i in rows]
+            for i, token in zip(rows, tokens):
+                seqs[i].tokens.append(int(token))
 
     def step(self) -> list:
         """One iteration: decode the running sequences, let new ones join, let finished ones leave.
@@ -568,8 +681,8 @@ class ContinuousBatcher:
            that does not fit. With `policy == "static"`, nobody joins while sequences are running.
         2. One forward pass for everyone: if any sequence is running or joining, one call of
            `_forward(running, joiners)` (it decodes the running ones and prefills the joiners in the
-           same batch) and one `_emit` per row, in that order (running first, then the joiners);
-           the joiners are appended to `running`.
+           same batch), then one call of `_emit` with the sequences in the order of the logits' rows
+           (running first, then the joiners) and the logits; the joiners are appended to `running`.
         3. Leave: every sequence of `running` that is `done` leaves it (the others keep their
            order) and its blocks go back to the pool (`self.pool.free(seq.id)`).
         Add 1 to `self.steps` and record the number of sequences *decoded* (running at the start of
@@ -579,8 +692,8 @@ class ContinuousBatcher:
         first two (the first is done at once and leaves); step 2 decodes the second and joins the
         third; step 3 decodes both, and both leave.
 
-        HINTS: a deque's `popleft`; `zip` pairs sequences with logit rows; list comprehensions on
-        `.done`; `_reserve` returns False when the pool has too few free blocks.
+        HINTS: a deque's `popleft`; list concatenation gives the rows' order; list comprehensions
+        on `.done`; `_reserve` returns False when the pool has too few free blocks.
         """
         ### BEGIN SOLUTION
         decoded = len(self.running)
@@ -591,8 +704,7 @@ class ContinuousBatcher:
                 joiners.append(self.waiting.popleft())
         if self.running or joiners:
             logits = self._forward(self.running, joiners)
-            for seq, row in zip(self.running + joiners, logits):
-                self._emit(seq, row)
+            self._emit(self.running + joiners, logits)
             self.running.extend(joiners)
         finished = [s for s in self.running if s.done]
         self.running = [s for s in self.running if not s.done]
@@ -625,8 +737,8 @@ class StaticBatcher(ContinuousBatcher):
     2022). `ContinuousBatcher(policy="static")` differs in one point: a finished sequence leaves at once,
     so its row is no longer computed. Every sequence still gets exactly its solo tokens."""
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8):
-        super().__init__(model, num_blocks, block_size, max_batch_size, policy="static")
+    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8, prefix_cache: int = 32):
+        super().__init__(model, num_blocks, block_size, max_batch_size, policy="static", prefix_cache=prefix_cache)
 
     def _forward_rows(self, decoding: list, done: list) -> np.ndarray:
         """One decoding step of `decoding` in a batch that still computes the rows of the `done` sequences
@@ -657,14 +769,12 @@ class StaticBatcher(ContinuousBatcher):
             while self.waiting and len(joiners) < self.max_batch_size and self._reserve(self.waiting[0]):
                 joiners.append(self.waiting.popleft())
             if joiners:
-                for seq, row in zip(joiners, self._forward([], joiners)):
-                    self._emit(seq, row)
+                self._emit(joiners, self._forward([], joiners))
                 self.running = joiners
         else:
             decoding = [s for s in self.running if not s.done]
             decoded = len(decoding)
-            for seq, row in zip(decoding, self._forward_rows(decoding, [s for s in self.running if s.done])):
-                self._emit(seq, row)
+            self._emit(decoding, self._forward_rows(decoding, [s for s in self.running if s.done]))
         finished = []
         if self.running and all(s.done for s in self.running):
             finished, self.running = self.running, []
@@ -976,6 +1086,10 @@ class ServingState:
                 out.append(f'{name}_sum{{endpoint="{endpoint}"}} {w.sum:.9g}')
                 out.append(f'{name}_count{{endpoint="{endpoint}"}} {w.count}')
         metric("tinytorch_generated_tokens_total", "counter", "Tokens sent to clients.", [({}, self.tokens_generated)])
+        if self.gpt is not None:
+            metric("tinytorch_prefix_cache_tokens_total", "counter",
+                   "Prompt tokens whose keys and values were copied from the prefix cache, not computed.",
+                   [({}, self.engine.batcher.prefix_tokens)])
         return "\n".join(out) + "\n"
 
 
