@@ -74,6 +74,35 @@ def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
     assert proc.returncode == 130 and "server stopped" in out, out
 
 
+
+def test_serve_hands_its_overload_and_cache_options_to_the_server(tmp_path, monkeypatch):
+    "The flags reach the server's state: the queue delay and loop lag limits in seconds, the prefix cache's size."
+    import uvicorn
+
+    from tinytorch.models.gpt import GPT
+    from tinytorch.serving.server import mlp_classifier, save_servable
+
+    save_servable(tmp_path / "digits.npz", mlp_classifier([64, 16, 10], rng=0), sizes=[64, 16, 10], input_shape=(64,))
+    save_servable(tmp_path / "gpt.npz", GPT(12, 16, 16, 2, 1, rng=0), vocab=list("abcdefghijkl"))
+    seen = {}
+
+    def run(server, sockets=None):   # instead of serving: what uvicorn was handed
+        seen["state"] = server.config.app.state.serving
+        for s in sockets or ():
+            s.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    args = ["serve", str(tmp_path / "digits.npz"), str(tmp_path / "gpt.npz"), "--port", "0"]
+    result = CliRunner().invoke(app, args + ["--max-queue-delay-ms", "25", "--max-loop-lag-ms", "10", "--prefix-cache", "4"])
+    assert result.exit_code == 0, result.output
+    st = seen["state"]
+    assert (st.cls_batcher.max_queue_delay, st.max_loop_lag, st.engine.batcher.prefix_cache) == (0.025, 0.01, 4)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    st = seen["state"]
+    assert (st.cls_batcher.max_queue_delay, st.max_loop_lag, st.engine.batcher.prefix_cache) == (None, None, 32), \
+        "by default no overload limits and a prefix cache of 32 prompts"
+
 def test_serve_refuses_a_file_that_is_not_servable(tmp_path):
     bad = tmp_path / "x.npz"
     bad.write_bytes(b"not a checkpoint")

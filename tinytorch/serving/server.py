@@ -936,7 +936,7 @@ class ServingState:
     def __init__(self, classifier=None, input_shape=None, gpt=None, vocab=None, *, max_batch_size=32,
                  max_wait=0.005, max_queue=64, gen_max_batch_size=8, gen_max_queue=32, num_blocks=None,
                  block_size=16, max_new_tokens_limit=64, policy="continuous", drain_timeout=30.0,
-                 max_queue_delay=None, max_loop_lag=None):
+                 max_queue_delay=None, max_loop_lag=None, prefix_cache=32):
         if classifier is None and gpt is None:
             raise ValueError("create_app: give a classifier (with input_shape), a gpt, or both")
         self.classifier, self.gpt, self.vocab = classifier, gpt, vocab
@@ -950,7 +950,8 @@ class ServingState:
             self.cls_admission = AdmissionController(max_queue)
         if gpt is not None:
             blocks = num_blocks or gen_max_batch_size * -(-gpt.context_length // block_size)
-            self.engine = GenerationEngine(ContinuousBatcher(gpt, blocks, block_size, gen_max_batch_size, policy))
+            self.engine = GenerationEngine(ContinuousBatcher(gpt, blocks, block_size, gen_max_batch_size, policy,
+                                                             prefix_cache=prefix_cache))
             self.gen_admission = AdmissionController(gen_max_queue)
             self.stoi = None if vocab is None else {c: i for i, c in enumerate(vocab)}
         self.max_new_tokens_limit = int(max_new_tokens_limit)
@@ -1224,9 +1225,19 @@ async def _metrics(request):
 
 def create_app(classifier=None, input_shape=None, gpt=None, vocab=None, **options):
     """The Starlette app of an inference server (given): `POST /v1/classify`, `POST /v1/generate`,
-    `GET /health`, `GET /metrics`. Options are `ServingState`'s (batch sizes, waits, queue bounds,
-    KV blocks, the generation policy). Its lifespan starts the batchers and, at shutdown, drains
-    the requests in flight; `app.state.serving` is the `ServingState`."""
+    `GET /health`, `GET /metrics`. Options are `ServingState`'s keywords:
+
+    - classification: `max_batch_size` (32), `max_wait` (0.005 s), `max_queue` (64 admitted at
+      most), `max_queue_delay` (None: a request that waited longer for its batch, or is predicted
+      to, gets 503);
+    - generation: `gen_max_batch_size` (8 slots), `gen_max_queue` (32), `num_blocks` and
+      `block_size` (16) of the paged KV cache, `max_new_tokens_limit` (64), `policy`
+      ("continuous" or "static"), `prefix_cache` (32 prompts);
+    - both: `max_loop_lag` (None: refuse with 503 while the event loop runs later than this),
+      `drain_timeout` (30 s).
+
+    Its lifespan starts the batchers and, at shutdown, drains the requests in flight;
+    `app.state.serving` is the `ServingState`."""
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette

@@ -59,7 +59,11 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
           max_queue: int = typer.Option(64, help="requests in the system before 503 (per endpoint)"),
           max_queue_delay_ms: float = typer.Option(0.0, min=0.0, help="classification: an admitted request that waits longer "
                                                                "than this for its batch gets 503 (0: no limit)"),
+          max_loop_lag_ms: float = typer.Option(0.0, min=0.0, help="refuse (503) while the event loop runs later than "
+                                                            "this (0: never)"),
           slots: int = typer.Option(8, help="generation: sequences decoded together (continuous batching)"),
+          prefix_cache: int = typer.Option(32, min=0, help="generation: prompts whose keys and values are kept for "
+                                                          "requests that start the same way (0: off)"),
           max_new_tokens: int = typer.Option(64, help="generation: the most tokens one request may ask for"),
           drain_seconds: float = typer.Option(30.0, help="how long shutdown waits for requests in flight")) -> None:
     """Serve MODEL(s) on 127.0.0.1:PORT until Ctrl-C (POST /v1/classify, /v1/generate; GET /health, /metrics)."""
@@ -68,7 +72,9 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
         app_ = server.app_from_checkpoints(models, max_batch_size=max_batch_size, max_wait=max_wait_ms / 1000,
                                            max_queue=max_queue, gen_max_batch_size=slots, gen_max_queue=max_queue,
                                            max_new_tokens_limit=max_new_tokens, drain_timeout=drain_seconds,
-                                           max_queue_delay=max_queue_delay_ms / 1000 if max_queue_delay_ms > 0 else None)
+                                           max_queue_delay=max_queue_delay_ms / 1000 if max_queue_delay_ms > 0 else None,
+                                           max_loop_lag=max_loop_lag_ms / 1000 if max_loop_lag_ms > 0 else None,
+                                           prefix_cache=prefix_cache)
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         _fail(str(e))
     import socket
