@@ -878,6 +878,41 @@ def test_a_dead_batching_loop_fails_the_waiting_requests_and_stop_returns():
     assert batcher.queue_length == 0
 
 
+
+def test_a_step_that_fails_while_sequences_join_fails_them_frees_their_blocks_and_serving_goes_on():
+    """A step that raises after taking joiners from the queue (here `_emit`, as a student's `step` calling it the
+    wrong way does) fails those requests at once, returns every block to the pool, and the next request is served."""
+    cb = ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2)
+    engine = server_module().GenerationEngine(cb)
+    real = cb._emit
+
+    def broken(seqs, logits):
+        raise TypeError("a step that calls _emit the wrong way")
+
+    async def go():
+        await engine.start()
+        try:
+            cb._emit = broken
+            failed = await asyncio.wait_for(asyncio.gather(engine.generate([1, 2], 5), engine.generate([3], 4),
+                                                           return_exceptions=True), 10)
+            free_after_failure = cb.pool.num_free_blocks
+            cb._emit = real
+            served = await asyncio.wait_for(engine.generate([1, 2], 5), 10)
+        finally:
+            await asyncio.wait_for(engine.stop(), 5)
+        return failed, free_after_failure, served
+
+    failed, free, served = run(go(), timeout=30)
+    assert all(isinstance(f, TypeError) for f in failed), f"both requests must fail with the step's error; got {failed}"
+    assert free == 24, f"a failed step must return every block; {free} of 24 free"
+    assert served == generate_cached(cb.model, np.array([[1, 2]]), 5, temperature=0)[0, 2:].tolist()
+    assert not engine.listeners and engine.queue_length == 0 and cb.pool.num_free_blocks == 24
+
+
+def server_module():
+    from tinytorch.serving import server
+    return server
+
 def test_a_dead_generation_loop_fails_the_waiting_generations_and_stop_returns():
     from tinytorch.serving import server
 

@@ -655,6 +655,11 @@ class ContinuousBatcher:
         Rows that share (temperature, top_k) are drawn in one vectorized pass (`sample_rows`) once
         `sampling_agrees` has confirmed, for that setting, that the pass equals `sample_next`;
         otherwise one `sample_next` per row."""
+        if not isinstance(seqs, (list, tuple)) or np.ndim(logits) != 2 or len(seqs) != len(logits):
+            raise TypeError(f"_emit(seqs, logits) takes the list of sequences in the order of the logits' rows and "
+                            f"the logits (len(seqs), V) of one step; got {type(seqs).__name__} "
+                            f"{'of ' + str(len(seqs)) + ' ' if isinstance(seqs, (list, tuple)) else ''}and logits of "
+                            f"shape {np.shape(logits)}")
         groups: dict = {}
         for i, seq in enumerate(seqs):
             groups.setdefault((seq.temperature, seq.top_k), []).append(i)
@@ -858,11 +863,11 @@ class GenerationEngine(WorkerLoop):
                 await loop.run_in_executor(self._executor, b.step)
             except Exception as e:   # a failing step fails its sequences, not the server
                 for seq_id, (seq, queue, _) in list(self.listeners.items()):
-                    if seq in b.running or seq in b.waiting:
+                    if not any(seq is s for s in self.inbox):   # the batcher had it: running, waiting or joining
                         queue.put_nowait(e)
                         del self.listeners[seq_id]
-                for seq in b.running:
-                    b.pool.free(seq.id)
+                for seq_id in list(b.pool.block_tables):        # a joiner's blocks too, taken before the failure
+                    b.pool.free(seq_id)
                 b.running.clear()
                 b.waiting.clear()
                 continue
