@@ -749,6 +749,48 @@ def test_metrics_are_prometheus_text():
 
 # ---------------------------------------------------------------- the load generator
 
+
+def test_the_lean_client_keeps_at_most_max_connections_open_and_reuses_them():
+    """`RawHTTPClient` (the load generator's client in its own process) opens at most `max_connections`; requests
+    beyond them wait for a free one. Checked against a bare asyncio server that counts connections."""
+    from tinytorch.serving.loadgen import RawHTTPClient
+
+    async def go():
+        active = peak = opened = 0
+
+        async def handle(reader, writer):
+            nonlocal active, peak, opened
+            opened += 1
+            active += 1
+            peak = max(peak, active)
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = re.search(rb"Content-Length: (\d+)", head)
+                    await reader.readexactly(int(length.group(1)) if length else 0)
+                    await asyncio.sleep(0.01)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                active -= 1
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = RawHTTPClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", max_connections=3)
+        try:
+            got = await asyncio.gather(*(client.post("/x", json={"i": i}, timeout=10) for i in range(12)))
+        finally:
+            await client.aclose()
+            server.close()
+            await server.wait_closed()
+        return [r.status_code for r in got], peak, opened
+
+    codes, peak, opened = run(go(), timeout=30)
+    assert codes == [200] * 12
+    assert peak <= 3 and opened == 3, f"12 requests, max_connections=3: {opened} connections opened, {peak} at once"
+
 def test_poisson_arrivals_and_local_only():
     t = poisson_arrivals(100.0, 20000, 1e9, seed=0)
     gaps = np.diff(t)

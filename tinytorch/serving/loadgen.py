@@ -216,15 +216,22 @@ class RawHTTPClient:
     in a pool (`asyncio.open_connection`; a closed idle one is replaced once). It does what `run_load` asks of an
     `httpx.AsyncClient` at a small part of the cost: over a socket httpx spends about 2 ms of CPU per request,
     so a Python client process could not offer more than a few hundred requests/s and it, not the server, would
-    be measured. Real load generators (wrk, vegeta) are lean for the same reason."""
+    be measured. Real load generators (wrk, vegeta) are lean for the same reason.
 
-    def __init__(self, url: str):
+    At most `max_connections` are open at once (httpx and aiohttp pool 100 by default); a request that finds
+    them all busy waits for one, and that wait is part of its latency. Unbounded, an open loop under overload
+    opened a new connection for every request that arrived while the server was slow: past the server's accept
+    backlog the kernel dropped the connection attempts, and each one retried a second later."""
+
+    def __init__(self, url: str, max_connections: int = 512):
         u = urlparse(url)
         if u.hostname not in LOCAL_HOSTS or u.scheme != "http":
             raise ValueError(f"RawHTTPClient: {url} is not http:// on this machine; it only drives 127.0.0.1")
         self.host, self.port = u.hostname, u.port or 80
         self.base_url = type("URL", (), {"host": u.hostname})()   # run_load checks `.base_url.host`
         self._idle = []
+        self.max_connections = int(max_connections)
+        self._slots = None   # a semaphore of max_connections, made in the event loop that first uses it
 
     async def post(self, path: str, json=None, timeout: float = 30.0) -> _Response:
         import json as json_
@@ -239,13 +246,16 @@ class RawHTTPClient:
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         data = (head + "\r\n").encode() + (body or b"")
-        while self._idle:                       # a kept-alive connection the server may have closed meanwhile
-            conn = self._idle.pop()
-            try:
-                return await self._exchange(conn, data)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                continue
-        return await self._exchange(await asyncio.open_connection(self.host, self.port), data)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_connections)
+        async with self._slots:                 # one of at most max_connections connections
+            while self._idle:                   # a kept-alive connection the server may have closed meanwhile
+                conn = self._idle.pop()
+                try:
+                    return await self._exchange(conn, data)
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    continue
+            return await self._exchange(await asyncio.open_connection(self.host, self.port), data)
 
     async def _exchange(self, conn, data: bytes) -> _Response:
         reader, writer = conn
