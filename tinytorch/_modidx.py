@@ -1414,8 +1414,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                 'tinytorch/serving/server.py'),
                                           'tinytorch.serving.server.ContinuousBatcher._forward': ( '20_serving/serving.html#continuousbatcher._forward',
                                                                                                    'tinytorch/serving/server.py'),
-                                          'tinytorch.serving.server.ContinuousBatcher._positions': ( '20_serving/serving.html#continuousbatcher._positions',
-                                                                                                     'tinytorch/serving/server.py'),
                                           'tinytorch.serving.server.ContinuousBatcher._remember_prefix': ( '20_serving/serving.html#continuousbatcher._remember_prefix',
                                                                                                            'tinytorch/serving/server.py'),
                                           'tinytorch.serving.server.ContinuousBatcher._reserve': ( '20_serving/serving.html#continuousbatcher._reserve',

@@ -385,13 +385,13 @@ def test_a_repeated_or_shared_prompt_prefix_is_copied_from_the_cache_not_recompu
             cb = ContinuousBatcher(gpt, num_blocks=40, block_size=4, max_batch_size=4, prefix_cache=size)
             widths = {}
             for i, (name, prompt) in enumerate(prompts.items()):
-                seq = Sequence(name, prompt, 3, seed=i, **kw)
+                seq = Sequence(name, prompt, 8, seed=i, **kw)
                 cb.add(seq)
                 calls.clear()
-                cb.step()                  # joins alone (the others have finished: 3 tokens, 3 steps)
+                cb.step()                  # joins alone: the one before has finished
                 widths[name] = calls[0][1]
                 cb.run_until_done()
-                solo = generate_cached(gpt, np.array([prompt]), 3, seed=i, **kw)[0, len(prompt):].tolist()
+                solo = generate_cached(gpt, np.array([prompt]), 8, seed=i, **kw)[0, len(prompt):].tolist()
                 assert seq.tokens == solo, f"prefix_cache={size}, {name}: batched {seq.tokens}, alone {solo}"
             if size:
                 assert widths == {"first": 6, "again": 1, "longer": 4, "other": 3}, \

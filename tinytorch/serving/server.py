@@ -559,7 +559,7 @@ class ContinuousBatcher:
             raise ValueError(f"ContinuousBatcher: prefix_cache must be a number of entries >= 0 (0 turns it off); "
                              f"got {prefix_cache!r}")
         self.prefix_cache = int(prefix_cache)
-        self.prefixes: OrderedDict = OrderedDict()   # prompt[:-1] as a tuple -> (keys, values) (n, layers, H, Dh)
+        self.prefixes: OrderedDict = OrderedDict()   # prompt[:-1] as a tuple -> per layer (keys, values) (H, n, Dh)
         self.prefix_hits = self.prefix_tokens = 0     # joins that reused a cached prefix, prompt tokens not recomputed
 
     def add(self, seq: Sequence) -> None:
@@ -580,14 +580,9 @@ class ContinuousBatcher:
         self.pool.allocate(seq.id, len(seq.prompt) + seq.max_new_tokens)
         return True
 
-    def _positions(self, seq: Sequence, n: int) -> tuple:
-        "The (block, slot) indices of positions 0..n-1 of a sequence in the pool."
-        pos = np.arange(n)
-        return np.asarray(self.pool.block_tables[seq.id])[pos // self.pool.block_size], pos % self.pool.block_size
-
     def _reuse_prefix(self, seq: Sequence) -> None:
-        """Copy into a fresh joiner's blocks the keys and values of the longest cached prompt that its
-        prompt starts with (at most all but its last token), and set its cached length to that."""
+        """Write into a fresh joiner's blocks (`pool.write`, module 18) the keys and values of the
+        longest cached prompt that its prompt starts with (at most all but its last token)."""
         if not self.prefix_cache or len(seq.prompt) < 2 or self.pool.lengths[seq.id][0]:
             return
         prompt = tuple(seq.prompt.tolist())
@@ -597,11 +592,8 @@ class ContinuousBatcher:
         if key is None:
             return
         self.prefixes.move_to_end(key)
-        keys, values = self.prefixes[key]
-        blocks, slots = self._positions(seq, len(key))
-        self.pool.k_pool[:, blocks, :, slots] = keys
-        self.pool.v_pool[:, blocks, :, slots] = values
-        self.pool.lengths[seq.id] = [len(key)] * self.pool.num_layers
+        for layer, (k, v) in enumerate(self.prefixes[key]):
+            self.pool.write(seq.id, layer, k, v)
         self.prefix_hits += 1
         self.prefix_tokens += len(key)
 
@@ -610,8 +602,9 @@ class ContinuousBatcher:
         key = tuple(seq.prompt[:-1].tolist())
         if not self.prefix_cache or not key or key in self.prefixes:
             return
-        blocks, slots = self._positions(seq, len(key))
-        self.prefixes[key] = (self.pool.k_pool[:, blocks, :, slots], self.pool.v_pool[:, blocks, :, slots])
+        n = len(key)
+        self.prefixes[key] = [tuple(a[:, :n].copy() for a in self.pool.gather(seq.id, layer))
+                              for layer in range(self.pool.num_layers)]
         while len(self.prefixes) > self.prefix_cache:
             self.prefixes.popitem(last=False)
 
