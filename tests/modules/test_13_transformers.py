@@ -80,12 +80,20 @@ def test_layernorm_matches_torch(shape, seed):
                                    err_msg=f"LayerNorm forward (NumPy reference), shape {shape}")
         check_fd(list(zip(("x", "weight", "bias"), ts)), refs.layer_norm, [x, w, b], up, f"LayerNorm, shape {shape}")
         return
-    tt = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    # the reference in float64: two float32 implementations both round, and on a row whose values nearly agree
+    # (two values 5.40 and 5.35) PyTorch's float32 gradient was further from the exact one than ours. The float32
+    # error grows with the row's conditioning, max |x| / std (3,000 random cases: at most 41 x eps x that x max |g|)
+    tt = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w, b)]
     tout = torch.nn.functional.layer_norm(tt[0], (shape[-1],), tt[1], tt[2], eps=1e-5)
-    (tout * torch.tensor(up)).sum().backward()
+    (tout * torch.tensor(up, dtype=torch.float64)).sum().backward()
     np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=1e-4, atol=1e-4, err_msg=f"LayerNorm forward, shape {shape}")
+    x64 = x.astype(np.float64)
+    cond = float((np.abs(x64).max(-1) / np.sqrt(x64.var(-1) + 1e-5)).max())
     for name, a, c in zip(("x", "weight", "bias"), ts, tt):
-        np.testing.assert_allclose(a.grad.data, c.grad.numpy(), rtol=1e-3, atol=1e-4, err_msg=f"LayerNorm gradient of {name}, shape {shape}")
+        g = c.grad.numpy()
+        atol = 1e-4 + 100 * np.finfo(np.float32).eps * cond * max(float(np.abs(g).max()), 1.0)
+        np.testing.assert_allclose(a.grad.data, g, rtol=1e-3, atol=atol,
+                                   err_msg=f"LayerNorm gradient of {name}, shape {shape} (conditioning {cond:.0f})")
 
 
 def test_layernorm_rejects_wrong_width():
