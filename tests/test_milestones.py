@@ -565,6 +565,28 @@ def test_harness_reports_comparisons_and_time(capsys):
         run.report(seconds=1.0)
 
 
+def test_a_speed_target_on_an_interval_has_three_outcomes(capsys):
+    """A measured ratio is an interval: met when all of it meets the threshold, not met when none of it
+    does, too noisy to tell when it straddles the threshold (exit code 3, which the main job does not fail)."""
+    target = harness.Target.from_goal("x", {"reach": [("latency, optimized / original", "<=", 0.5)]})
+    run = harness.Run(ms.get(ROOT, "transformer"), None, ROOT, target)
+    assert run.report(("latency, optimized / original", harness.Interval(0.30, 0.45, 0.37))) == 0
+    assert run.report(("latency, optimized / original", harness.Interval(0.55, 0.70))) == 1
+    assert run.report(("latency, optimized / original", harness.Interval(0.40, 0.62, 0.48))) == harness.NOISY_EXIT == 3
+    printed = capsys.readouterr().out
+    assert "reached 37.0% (interval 30.0%-45.0%): PASS" in printed, printed
+    assert "reached 62.5% (interval 55.0%-70.0%): FAIL" in printed, printed
+    assert ("reached 48.0% (interval 40.0%-62.0%): TOO NOISY TO TELL (the interval straddles the target: re-run "
+            "on a quieter machine)") in printed, printed
+    beats = harness.Run(ms.get(ROOT, "transformer"), None, ROOT, harness.Target.parse("faster than the baseline"))
+    assert beats.report(beats=[("speed-up", harness.Interval(1.9, 2.3), "2x", 2.0, "higher")]) == 3
+    assert beats.report(beats=[("speed-up", harness.Interval(2.1, 2.3), "2x", 2.0, "higher")]) == 0
+    assert beats.report(beats=[("p99 (ms)", harness.Interval(120, 150), "the budget", 100, "lower")]) == 1
+    with pytest.raises(ValueError, match="low must be <= high"):
+        harness.Interval(2.0, 1.0)
+    assert ms.STATUS_OF_EXIT[harness.NOISY_EXIT] == "NOISY"
+
+
 @pytest.mark.slow
 def test_run_all_runs_every_ready_milestone_and_ends_in_one_table():
     """`python3 -m tito.bootstrap run`'s main job: every milestone whose modules are complete, each with its

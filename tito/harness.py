@@ -55,6 +55,57 @@ _COMPARES = re.compile(r"\bthan\b|\b(?:below|above)\s+(?:a|an|the)\b", re.IGNORE
 _AT_MOST = {"at most", "at or below", "<="}
 
 
+PASS, FAIL, NOISY = "PASS", "FAIL", "TOO NOISY TO TELL"
+NOISY_EXIT = 3  # a milestone's exit code when no condition failed but some were too noisy to tell
+NOISY_ADVICE = "the interval straddles the target: re-run on a quieter machine"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A measured quantity known only to lie in `[low, high]` (a bootstrap interval, module 19's
+    `compare` or `bootstrap_median_ci`), with its point `estimate`.
+
+    A target on it has three outcomes, as an engineer judges a speed-up: met (the whole interval is
+    on the right side of the threshold), not met (the whole interval is on the wrong side), and too
+    noisy to tell (the interval straddles it: the machine was too busy to decide, so re-run).
+    """
+
+    low: float
+    high: float
+    estimate: float | None = None
+
+    def __post_init__(self):
+        if not self.low <= self.high:
+            raise ValueError(f"Interval: low must be <= high; got low={self.low!r}, high={self.high!r}")
+
+    @property
+    def point(self) -> float:
+        return (self.low + self.high) / 2 if self.estimate is None else self.estimate
+
+
+def judge(value, op: str, threshold: float, eps: float = 1e-9) -> str:
+    """PASS, FAIL or NOISY for `value op threshold` (op one of ">=", "<=", ">", "<"); `value` a number
+    (PASS or FAIL) or an `Interval` (NOISY when it straddles the threshold)."""
+    lo, hi = (value.low, value.high) if isinstance(value, Interval) else (value, value)
+    if op == ">=":
+        good, bad = lo >= threshold - eps, hi < threshold - eps
+    elif op == "<=":
+        good, bad = hi <= threshold + eps, lo > threshold + eps
+    elif op == ">":
+        good, bad = lo > threshold, hi <= threshold
+    elif op == "<":
+        good, bad = hi < threshold, lo >= threshold
+    else:
+        raise ValueError(f"judge: op must be one of >=, <=, >, <; got {op!r}")
+    return PASS if good else FAIL if bad else NOISY
+
+
+def _shown(value, fmt) -> str:
+    if isinstance(value, Interval):
+        return f"{fmt(value.point)} (interval {fmt(value.low)}-{fmt(value.high)})"
+    return fmt(value)
+
+
 @dataclass(frozen=True)
 class Condition:
     """One threshold of a target: `reached >= threshold` (op ">=") or `reached <= threshold` (op "<=")."""
@@ -64,8 +115,11 @@ class Condition:
     text: str  # as written in TARGET: "95%"
 
     def holds(self, value: float) -> bool:
-        eps = 1e-9  # 1.0 reached must meet "100%" despite float rounding
-        return value >= self.threshold - eps if self.op == ">=" else value <= self.threshold + eps
+        return judge(value, self.op, self.threshold) == PASS
+
+    def judge(self, value) -> str:
+        "PASS, FAIL or NOISY (`value` an `Interval` that straddles the threshold)."
+        return judge(value, self.op, self.threshold)
 
 
 @dataclass(frozen=True)
@@ -226,16 +280,20 @@ class Run:
         print(f"saved plot to {out}", flush=True)
         return out
 
-    def report(self, *reached: tuple[str, float], epochs: int | None = None, seconds: float | None = None,
+    def report(self, *reached: tuple, epochs: int | None = None, seconds: float | None = None,
                beats: tuple = (), profile=None) -> int:
-        """Check the target; print one line per condition; return the exit code (0: all hold, 1: not).
+        """Check the target; print one line per condition; return the exit code (0: all met, 1: some not
+        met, `NOISY_EXIT` (3): none failed but some were too noisy to tell).
 
-        `reached`: one `(label, value)` per percentage of TARGET, in order. `epochs` is checked against
-        "within N epochs", `seconds` against a time limit. `beats`: for a TARGET that compares with a
-        baseline, `(label, value, baseline_label, baseline_value, better)` tuples, `better` being
-        "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`). `profile`: a
-        function running one training step; when the time limit is missed, one step is profiled and
-        its slowest ops are printed (`slowest_ops`), so the message points at the function to speed up.
+        `reached`: one `(label, value)` per percentage of TARGET, in order. `beats`: for a TARGET that
+        compares with a baseline, `(label, value, baseline_label, baseline_value, better)` tuples,
+        `better` being "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`).
+        A measured speed is noisy: pass it as an `Interval` (the bootstrap interval of a ratio, say)
+        wherever a value goes, and the condition is met, not met, or too noisy to tell (the interval
+        straddles the threshold; the run is then reported as such, not failed). `epochs` is checked
+        against "within N epochs", `seconds` against a time limit. `profile`: a function running one
+        training step; when the time limit is missed, one step is profiled and its slowest ops are
+        printed (`slowest_ops`), so the message points at the function to speed up.
         """
         conditions = self.target.conditions
         if len(reached) != len(conditions):
@@ -244,30 +302,30 @@ class Run:
         if self.target.compares and not beats:
             raise ValueError(f"{self.milestone.script.name}: TARGET {self.target.text!r} compares with a baseline: "
                              f"pass the measured values as report(beats=...)")
-        ok = True
+        verdicts = []
+
+        def say(line: str, verdict: str) -> None:
+            verdicts.append(verdict)
+            print(f"target: {line}: {verdict}" + (f" ({NOISY_ADVICE})" if verdict == NOISY else ""))
+
         for cond, (label, value) in zip(conditions, reached):
-            passed = cond.holds(value)
-            ok &= passed
-            print(f"target: {cond.op} {cond.text} {label}; reached {value:.1%}: {'PASS' if passed else 'FAIL'}")
+            say(f"{cond.op} {cond.text} {label}; reached {_shown(value, lambda v: f'{v:.1%}')}", cond.judge(value))
         for label, value, base_label, base_value, better in beats:
             if better not in ("higher", "lower"):
                 raise ValueError(f"report(beats=...): better must be 'higher' or 'lower'; got {better!r}")
-            passed = value > base_value if better == "higher" else value < base_value
-            ok &= passed
-            print(f"target: {label} {better} than {base_label}'s; reached {value:.4g} vs {base_value:.4g}: "
-                  f"{'PASS' if passed else 'FAIL'}")
+            verdict = judge(value, ">" if better == "higher" else "<", base_value)
+            say(f"{label} {better} than {base_label}'s; reached {_shown(value, lambda v: f'{v:.4g}')} vs "
+                f"{base_value:.4g}", verdict)
         if self.target.max_epochs is not None and epochs is not None:
-            passed = epochs <= self.target.max_epochs
-            ok &= passed
-            print(f"target: within {self.target.max_epochs} epochs; took {epochs}: {'PASS' if passed else 'FAIL'}")
+            say(f"within {self.target.max_epochs} epochs; took {epochs}", PASS if epochs <= self.target.max_epochs else FAIL)
         if self.target.max_seconds is not None and seconds is not None:
             passed = seconds < self.target.max_seconds
-            ok &= passed
-            print(f"target: in under {self.target.max_seconds:g} s; took {seconds:.1f} s: {'PASS' if passed else 'FAIL'}")
+            say(f"in under {self.target.max_seconds:g} s; took {seconds:.1f} s", PASS if passed else FAIL)
             if not passed and profile is not None:
                 print(slowest_ops_report(slowest_ops(profile)), flush=True)
-        print(f"{self.title}: {'PASS' if ok else 'FAIL'} ({self.target.text})", flush=True)
-        return 0 if ok else 1
+        overall = FAIL if FAIL in verdicts else NOISY if NOISY in verdicts else PASS
+        print(f"{self.title}: {overall} ({self.target.text})", flush=True)
+        return {PASS: 0, FAIL: 1, NOISY: NOISY_EXIT}[overall]
 
 
 def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
@@ -275,9 +333,9 @@ def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
 
     Forward ops are timed through the op observer of module 01 (`tinytorch.core.tensor.observe_ops`):
     each op result is charged the time since the previous one, so an op's share includes the Python
-    that prepared it. Backward rules are timed by wrapping them for the duration of the profile: the
-    rules of `BACKWARD_RULES` (module 06) and the `rule` of each `Function` node type. What neither
-    sees (the optimizer update, data loading) is reported as one line of its own.
+    that prepared it. Backward rules are timed through module 06's backward observer
+    (`tinytorch.core.autograd.observe_backward`), which hears every rule the traversal runs on this
+    thread. What neither sees (the optimizer update, data loading) is reported as one line of its own.
     """
     import time
 
@@ -290,15 +348,6 @@ def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
         entry[0] += seconds
         entry[1] += 1
 
-    def timed(name, rule):
-        def wrapper(grad, node):
-            t0 = time.perf_counter()
-            try:
-                return rule(grad, node)
-            finally:
-                charge(f"{name} (backward)", time.perf_counter() - t0)
-        return wrapper
-
     last = [0.0]
 
     def observer(node, out) -> None:
@@ -306,26 +355,17 @@ def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
         charge(f"{node.op} (forward)", now - last[0])
         last[0] = time.perf_counter()
 
-    saved_rules = dict(autograd.BACKWARD_RULES)
-    function_types = [cls for cls in tensor._NODE_TYPES.values() if cls.__dict__.get("rule") is not None]
-    saved_function_rules = {cls: cls.__dict__["rule"] for cls in function_types}
+    def on_rule(node, grad, grads, start_ns, end_ns) -> None:
+        charge(f"{node.op} (backward)", (end_ns - start_ns) * 1e-9)
+        last[0] = time.perf_counter()  # the next forward op is not charged the rule's time
+
     step()  # warm-up
-    try:
-        for op, rule in saved_rules.items():
-            autograd.BACKWARD_RULES[op] = timed(op, rule)
-        for cls, rule in saved_function_rules.items():
-            cls.rule = staticmethod(timed(cls.op, rule.__func__ if isinstance(rule, staticmethod) else rule))
-        start = time.perf_counter()
-        with tensor.observe_ops(observer):
-            for _ in range(repeats):
-                last[0] = time.perf_counter()
-                step()
-        total = time.perf_counter() - start
-    finally:
-        autograd.BACKWARD_RULES.clear()
-        autograd.BACKWARD_RULES.update(saved_rules)
-        for cls, rule in saved_function_rules.items():
-            cls.rule = rule
+    start = time.perf_counter()
+    with tensor.observe_ops(observer), autograd.observe_backward(on_rule):
+        for _ in range(repeats):
+            last[0] = time.perf_counter()
+            step()
+    total = time.perf_counter() - start
     ranked = sorted(((name, t / repeats, n // repeats) for name, (t, n) in totals.items()), key=lambda r: -r[1])
     ranked.append(("(not in an op: optimizer update, data, glue)", max(0.0, total / repeats - sum(r[1] for r in ranked)), 0))
     return ranked

@@ -109,6 +109,27 @@ def solution_regions(source: str) -> list[tuple[int, list[str]]]:
     return regions
 
 
+def solution_share(nb: nbformat.NotebookNode) -> tuple[int, int]:
+    """(lines the student writes, lines exported) of a source notebook: the non-blank lines of its
+    `#| export` cells, and how many of them lie inside solution regions (marker lines not counted;
+    docstrings and comments count on both sides, as the student reads them with the code). The share
+    says how much of what a module ships is the student's own (tests/test_notebooks.py holds the
+    systems modules to at least 15%)."""
+    written = exported = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code" or not cell.source.lstrip().startswith("#| export"):
+            continue
+        inside = False
+        for line in cell.source.splitlines():
+            if BEGIN_SOLUTION in line or END_SOLUTION in line:
+                inside = BEGIN_SOLUTION in line
+                continue
+            if line.strip() and not line.lstrip().startswith("#|"):
+                exported += 1
+                written += inside
+    return written, exported
+
+
 def check_source(nb: nbformat.NotebookNode) -> list[str]:
     """Problems with a source notebook's nbgrader metadata and solution regions (empty when fine)."""
     problems, seen = [], {}

@@ -34,7 +34,7 @@ from tinytorch.core.autograd import no_grad
 from tinytorch.core.layers import Linear, Sequential
 from tinytorch.core.losses import CrossEntropyLoss
 from tinytorch.core.spatial import Conv2d, Flatten, MaxPool2d
-from tinytorch.core.tensor import Tensor, _OBSERVER_LIST
+from tinytorch.core.tensor import Tensor, active_op_observers
 from tinytorch.models.gpt import GPT
 from tinytorch.perf.profiler import (
     DATA_MOVEMENT_OPS, Event, FlopCounter, ModulePaths, Profiler, amdahl, arithmetic_intensity, count_flops,
@@ -239,7 +239,7 @@ def test_whole_gpt_flops_and_parameters_equal_torch(V, T, E, H, L, B):
 def test_flop_counter_is_an_observer_that_is_removed_after_use():
     counter = FlopCounter()
     a = Tensor(np.ones((3, 4), np.float32))
-    counter_ops_before = len(_OBSERVER_LIST)
+    counter_ops_before = len(active_op_observers())
     from tinytorch.core.tensor import observe_ops
 
     with observe_ops(counter):
@@ -252,7 +252,7 @@ def test_flop_counter_is_an_observer_that_is_removed_after_use():
 
     with pytest.raises(KeyError):
         count_flops(broken, a)
-    assert len(_OBSERVER_LIST) == counter_ops_before, "count_flops must remove its observer when the model raises"
+    assert len(active_op_observers()) == counter_ops_before, "count_flops must remove its observer when the model raises"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,9 +3,12 @@
 # %% ../../modules/06_autograd/06_autograd.ipynb #c002
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
+import threading
+import time
 
 import numpy as np
 
@@ -14,7 +17,8 @@ from .tensor import array_version, has_inplace_changes, saved_arrays
 
 # %% auto #0
 __all__ = ['BACKWARD_RULES', 'GELU_C', 'unbroadcast', 'add_backward', 'sub_backward', 'mul_backward', 'div_backward',
-           'pow_backward', 'neg_backward', 'check_saved_versions', 'backward', 'matmul_backward', 'restore_reduced',
+           'pow_backward', 'neg_backward', 'check_saved_versions', 'rule_of', 'BackwardObserverHandle',
+           'add_backward_observer', 'observe_backward', 'backward', 'matmul_backward', 'restore_reduced',
            'sum_backward', 'mean_backward', 'max_backward', 'var_backward', 'reshape_backward', 'transpose_backward',
            'permute_backward', 'identity_backward', 'astype_backward', 'getitem_backward', 'concatenate_backward',
            'stack_backward', 'exp_backward', 'log_backward', 'sqrt_backward', 'tanh_backward', 'abs_backward',
@@ -146,6 +150,78 @@ def check_saved_versions(tensor: Tensor) -> None:
         stack.extend(t for t in node.inputs if t is not None and t.requires_grad)
 
 
+class _BackwardObservers(threading.local):
+    "This thread's backward observers (a profiler times the rules of the thread it runs on)."
+
+    def __init__(self):
+        self.fns: tuple = ()
+
+
+_BACKWARD = _BackwardObservers()
+
+
+def rule_of(node: Node):
+    """The backward rule of `node`: its node type's `rule` (a `Function`'s backward, section 5), else
+    `BACKWARD_RULES[node.op]`. Raises RuntimeError naming the op when there is neither.
+
+    While backward observers are active on this thread (`observe_backward`), the rule comes wrapped:
+    after it runs, each observer is called as `fn(node, grad, grads, start_ns, end_ns)` (the
+    gradient in, the gradients out, `time.perf_counter_ns()` around the rule). That is how module
+    14's profiler times backward without changing any rule or table, on this thread only.
+    """
+    rule = node.rule or BACKWARD_RULES.get(node.op)
+    if rule is None:
+        raise RuntimeError(f"backward: no backward rule for op {node.op!r} (its node carries none and "
+                           f"BACKWARD_RULES has none)")
+    fns = _BACKWARD.fns
+    if not fns:
+        return rule
+
+    def observed(grad, node):
+        start = time.perf_counter_ns()
+        grads = rule(grad, node)
+        end = time.perf_counter_ns()
+        for fn in fns:
+            fn(node, grad, grads, start, end)
+        return grads
+    return observed
+
+
+class BackwardObserverHandle:
+    "Returned by `add_backward_observer`; `handle.remove()` unregisters it (twice is harmless)."
+
+    __slots__ = ("fn", "state")
+
+    def __init__(self, fn, state):
+        self.fn, self.state = fn, state
+
+    def remove(self) -> None:
+        self.state.fns = tuple(f for f in self.state.fns if f is not self.fn)
+
+
+def add_backward_observer(fn) -> BackwardObserverHandle:
+    """Call `fn(node, grad, grads, start_ns, end_ns)` after every backward rule this thread runs; returns a handle.
+
+    The traversal asks `rule_of(node)` for each rule, so the observer hears every rule it runs.
+    `observe_backward(fn)` is the same as a `with` block."""
+    if not callable(fn):
+        raise TypeError(f"add_backward_observer: the observer must be callable as fn(node, grad, grads, start_ns, "
+                        f"end_ns); got {type(fn).__name__}")
+    state = _BACKWARD
+    state.fns = (*state.fns, fn)
+    return BackwardObserverHandle(fn, state)
+
+
+@contextlib.contextmanager
+def observe_backward(fn):
+    "`with observe_backward(fn): ...` calls `fn(node, grad, grads, start_ns, end_ns)` after every rule run inside."
+    handle = add_backward_observer(fn)
+    try:
+        yield handle
+    finally:
+        handle.remove()
+
+
 # %% ../../modules/06_autograd/06_autograd.ipynb #autograd-backward
 def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
     """Reverse-mode differentiation: fill `.grad` of every leaf `tensor` depends on.
@@ -176,9 +252,9 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
       backward goes, so its peak memory stays near the forward's. Reaching a released node raises
       RuntimeError("backward: the graph was already released by a previous backward() ... pass
       retain_graph=True to the first call ...").
-    - Ask each node for its rule: `node.rule` when its node type carries one (a `Function`,
-      section 5), else `BACKWARD_RULES[node.op]`; a node with neither raises RuntimeError naming
-      the op.
+    - Ask `rule_of(node)` (given above) for each node's rule: it finds `node.rule` (a
+      `Function`'s, section 5) or `BACKWARD_RULES[node.op]`, raises for an op with neither, and
+      lets a profiler (module 14) time the rule.
 
     HINTS: a stack of `(tensor, expanded)` pairs gives a post-order without recursion; key
     dictionaries by `id(tensor)`.
@@ -231,11 +307,7 @@ def backward(tensor: Tensor, grad=None, retain_graph: bool = False) -> None:
                 t.grad.data = t.grad.data + g
         if node is None:
             continue
-        rule = node.rule or BACKWARD_RULES.get(node.op)
-        if rule is None:
-            raise RuntimeError(f"backward: no backward rule for op {node.op!r} (its node carries none and "
-                               f"BACKWARD_RULES has none)")
-        for inp, ig in zip(node.inputs, rule(g, node)):
+        for inp, ig in zip(node.inputs, rule_of(node)(g, node)):
             if inp is None or ig is None or not inp.requires_grad:
                 continue
             if ig.shape != inp.data.shape:

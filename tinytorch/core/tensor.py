@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import numbers
+import threading
 import types
 import weakref
 
@@ -13,8 +14,9 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['INPLACE_OPS', 'broadcast_shape', 'is_grad_enabled', 'set_grad_enabled', 'Node', 'node_type', 'array_version',
-           'has_inplace_changes', 'saved_arrays', 'ObserverHandle', 'add_op_observer', 'observe_ops',
-           'set_compute_backend', 'get_compute_backend', 'backend_matmul', 'Tensor', 'where', 'concatenate', 'stack']
+           'has_inplace_changes', 'saved_arrays', 'ObserverHandle', 'add_op_observer', 'active_op_observers',
+           'observe_ops', 'add_conversion_observer', 'observe_conversions', 'set_compute_backend',
+           'get_compute_backend', 'backend_matmul', 'Tensor', 'where', 'concatenate', 'stack']
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-broadcast-shape
 def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
@@ -59,21 +61,55 @@ def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
     ### END SOLUTION
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-records
-_GRAD_ENABLED = True
+class _OpObservers:
+    "One thread's op observers: the registered ones in order, and the ones `from_op` calls now."
+
+    __slots__ = ("registered", "active", "notifying")
+
+    def __init__(self):
+        self.registered: list = []
+        self.active: tuple = ()   # empty while an observer runs (its own ops are not observed)
+        self.notifying = False
+
+    def refresh(self) -> None:
+        if not self.notifying:
+            self.active = tuple(self.registered)
+
+
+class _ThreadState(threading.local):
+    """The modes of the thread that runs an op, as PyTorch keeps grad mode per thread.
+
+    A server runs inference under `no_grad()` on worker threads while another thread trains: each
+    thread's mode, op observers (module 14's profiler, 17's tracer), conversion observers and
+    compute backend (17) are its own, and a new thread starts with the defaults: grad mode on, no
+    observers, NumPy. Change them only through the functions below (and the `with` blocks built on
+    them), which restore what they replaced.
+    """
+
+    def __init__(self):
+        self.grad_enabled = True
+        self.ops = _OpObservers()
+        self.conversions: tuple = ()  # fn(tensor, how, value) for every Tensor turned into a Python value
+        self.backend = None           # None: NumPy, called directly
+
+
+_STATE = _ThreadState()
 
 
 def is_grad_enabled() -> bool:
     "True when new op results record how they were made (the default); see `set_grad_enabled`."
-    return _GRAD_ENABLED
+    return _STATE.grad_enabled
 
 
 def set_grad_enabled(mode: bool) -> bool:
-    """Turn recording of op results on or off for the whole program; returns the previous mode.
+    """Turn recording of op results on or off for this thread; returns the previous mode.
 
-    Module 06's `no_grad()` is built on this: inference and optimizer updates need no graph.
+    Module 06's `no_grad()` is built on this: inference and optimizer updates need no graph. The
+    mode belongs to the calling thread (as in PyTorch): `no_grad()` on a server's worker thread
+    leaves every other thread recording.
     """
-    global _GRAD_ENABLED
-    previous, _GRAD_ENABLED = _GRAD_ENABLED, bool(mode)
+    st = _STATE
+    previous, st.grad_enabled = st.grad_enabled, bool(mode)
     return previous
 
 
@@ -219,43 +255,47 @@ def _versions_now(node: Node) -> tuple:
     return tuple(versions)
 
 # ----- observers: every op result, in any grad mode, for profilers and tracers -----
-_OBSERVER_LIST: list = []   # registered observers, in order
-_OP_OBSERVERS: tuple = ()   # the ones `from_op` calls now (empty while an observer runs)
-_NOTIFYING = False
-
-
 class ObserverHandle:
-    "Returned by `add_op_observer`; `handle.remove()` unregisters the observer (twice is harmless)."
+    """Returned by `add_op_observer` (and `add_conversion_observer`); `handle.remove()` unregisters
+    the observer (twice is harmless), from whichever thread calls it."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "owner")
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, owner):
+        self.fn, self.owner = fn, owner   # owner: the registering thread's _OpObservers
 
     def remove(self) -> None:
-        global _OP_OBSERVERS
-        if self.fn in _OBSERVER_LIST:
-            _OBSERVER_LIST.remove(self.fn)
-        if not _NOTIFYING:
-            _OP_OBSERVERS = tuple(_OBSERVER_LIST)
+        owner = self.owner
+        if isinstance(owner, _OpObservers):
+            if self.fn in owner.registered:
+                owner.registered.remove(self.fn)
+            owner.refresh()
+        else:  # a conversion observer: (the thread's state, fn)
+            st = owner
+            st.conversions = tuple(f for f in st.conversions if f is not self.fn)
 
 
 def add_op_observer(fn) -> ObserverHandle:
-    """Call `fn(node, out)` for every op result from now on, in any grad mode; returns a handle.
+    """Call `fn(node, out)` for every op result of this thread from now on, in any grad mode; returns a handle.
 
     `node` is the op's record (a `Node`: `op`, `inputs`, `attrs`, `saved`, `shape`, `dtype`) and
     `out` the result Tensor. It fires also under `no_grad()` and for tensors that need no
     gradient: then `node` is made for the observer alone and `out.grad_fn` stays None. Ops that an
-    observer runs itself are not observed. `handle.remove()` stops it; `observe_ops(fn)` is the
-    same as a `with` block. While nobody observes, ops pay one test of an empty tuple.
+    observer runs itself are not observed, and neither are other threads' ops (a profiler sees the
+    thread it runs on, as PyTorch's does by default). `handle.remove()` stops it; `observe_ops(fn)`
+    is the same as a `with` block. While nobody observes, ops pay one test of an empty tuple.
     """
-    global _OP_OBSERVERS
     if not callable(fn):
         raise TypeError(f"add_op_observer: the observer must be callable as fn(node, out); got {type(fn).__name__}")
-    _OBSERVER_LIST.append(fn)
-    if not _NOTIFYING:
-        _OP_OBSERVERS = tuple(_OBSERVER_LIST)
-    return ObserverHandle(fn)
+    ops = _STATE.ops
+    ops.registered.append(fn)
+    ops.refresh()
+    return ObserverHandle(fn, ops)
+
+
+def active_op_observers() -> tuple:
+    "The op observers registered on this thread, in order (a profiler's test checks it left none behind)."
+    return tuple(_STATE.ops.registered)
 
 
 @contextlib.contextmanager
@@ -269,26 +309,55 @@ def observe_ops(fn):
 
 
 def _notify(node: Node, out) -> None:
-    "Call the observers with one record; observers' own ops are not observed (no recursion)."
-    global _OP_OBSERVERS, _NOTIFYING
-    observers, _OP_OBSERVERS, _NOTIFYING = _OP_OBSERVERS, (), True
+    "Call this thread's observers with one record; observers' own ops are not observed (no recursion)."
+    ops = _STATE.ops
+    observers, ops.active, ops.notifying = ops.active, (), True
     try:
         for fn in observers:
             fn(node, out)
     finally:
-        _NOTIFYING = False
-        _OP_OBSERVERS = tuple(_OBSERVER_LIST)
+        ops.notifying = False
+        ops.refresh()
+
+
+def add_conversion_observer(fn) -> ObserverHandle:
+    """Call `fn(tensor, how, value)` whenever this thread turns a Tensor into a Python value; returns a handle.
+
+    `how` is `"bool"`, `"float"`, `"int"` or `"item"`, `value` the Python value. Module 17's tracer
+    uses it to notice data-dependent control flow (`if t > 0:`), which a graph cannot hold. The
+    observer sees this thread only; `observe_conversions(fn)` is the same as a `with` block.
+    """
+    if not callable(fn):
+        raise TypeError(f"add_conversion_observer: the observer must be callable as fn(tensor, how, value); "
+                        f"got {type(fn).__name__}")
+    st = _STATE
+    st.conversions = (*st.conversions, fn)
+    return ObserverHandle(fn, st)
+
+
+@contextlib.contextmanager
+def observe_conversions(fn):
+    "`with observe_conversions(fn): ...` calls `fn(tensor, how, value)` for every conversion inside the block."
+    handle = add_conversion_observer(fn)
+    try:
+        yield handle
+    finally:
+        handle.remove()
+
+
+def _converted(t, how: str, value):
+    "Tell this thread's conversion observers that `t` became `value`; return `value`."
+    for fn in _STATE.conversions:
+        fn(t, how, value)
+    return value
 
 
 # In-place ops report a record too (after the change; `out` is the changed tensor, also inputs[0]).
 INPLACE_OPS = frozenset({"add_", "sub_", "mul_", "fill_", "zero_", "copy_"})
 
 # ----- compute backend: what the ops' arithmetic runs on (module 17 writes and chooses backends) -----
-_COMPUTE_BACKEND = None  # None: NumPy, called directly
-
-
 def set_compute_backend(backend):
-    """Run the ops' arithmetic on `backend` from now on (None: NumPy again); returns the previous one.
+    """Run this thread's ops' arithmetic on `backend` from now on (None: NumPy again); returns the previous one.
 
     A compute backend is an object with three methods on NumPy arrays, each returning an array:
     `matmul(a, b)`; `binary(op, ufunc, a, b)` for `+ - * / **` (`op` the op's name, 'add', and
@@ -296,22 +365,22 @@ def set_compute_backend(backend):
     ufunc, a)` for `exp`, `log`, `sqrt`, `tanh`, `abs` and `-x`. `Tensor.matmul` (`@`) and module
     09's convolution (through `backend_matmul`) call `matmul`. A backend decides *how* a result is
     computed, never *what*: results must equal NumPy's up to float rounding. Backward rules and
-    every other op stay on NumPy. The setting is global to the process, like `set_grad_enabled`;
+    every other op stay on NumPy. The setting belongs to the calling thread, like `set_grad_enabled`;
     module 17's `with use_backend(...)` is the way to use it. With none set, an op pays one test.
     """
-    global _COMPUTE_BACKEND
     if backend is not None:
         missing = [m for m in ("matmul", "binary", "unary") if not callable(getattr(backend, m, None))]
         if missing:
             raise TypeError(f"set_compute_backend: a compute backend needs the methods matmul, binary and unary; "
                             f"{type(backend).__name__} has no {', '.join(missing)}")
-    previous, _COMPUTE_BACKEND = _COMPUTE_BACKEND, backend
+    st = _STATE
+    previous, st.backend = st.backend, backend
     return previous
 
 
 def get_compute_backend():
-    "The compute backend the ops run on now, or None for NumPy (see `set_compute_backend`)."
-    return _COMPUTE_BACKEND
+    "The compute backend this thread's ops run on now, or None for NumPy (see `set_compute_backend`)."
+    return _STATE.backend
 
 
 def backend_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -320,7 +389,8 @@ def backend_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     A batch times one matrix, `(..., T, K) @ (K, N)`, runs as one `(B*T, K) @ (K, N)` product (a view,
     when `a` is contiguous): `np.matmul` would call BLAS once per batch entry, on small matrices
     (a GPT's `x @ W.T` at batch 32 runs about 1.5x faster as one product)."""
-    mm = np.matmul if _COMPUTE_BACKEND is None else _COMPUTE_BACKEND.matmul
+    backend = _STATE.backend
+    mm = np.matmul if backend is None else backend.matmul
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         return mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
     return mm(a, b)
@@ -415,7 +485,8 @@ class Tensor:
         arr = out.data = data if type(data) is np.ndarray else np.asarray(data)
         out.grad = None
         out._retains_grad = False
-        if _GRAD_ENABLED:
+        st = _STATE
+        if st.grad_enabled:
             for t in inputs:
                 if t is not None and t.requires_grad:
                     dtype = arr.dtype
@@ -423,14 +494,14 @@ class Tensor:
                         break
                     out.requires_grad = True
                     node = out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, dtype)
-                    if _OP_OBSERVERS:
+                    if st.ops.active:
                         _notify(node, out)
                     if _VERSIONS:  # some buffer was changed in place: remember what the rule's arrays were at
                         node.versions = _versions_now(node)
                     return out
         out.requires_grad = False
         out.grad_fn = None
-        if _OP_OBSERVERS:
+        if st.ops.active:
             _notify((_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, arr.dtype), out)
         return out
 
@@ -477,7 +548,22 @@ class Tensor:
         "The single value of a one-element tensor as a Python number."
         if self.data.size != 1:
             raise ValueError(f"item(): only a tensor with one element can become a Python number; this one has shape {self.shape}")
-        return self.data.item()
+        value = self.data.item()
+        return _converted(self, "item", value) if _STATE.conversions else value
+
+    def __float__(self) -> float:
+        "`float(t)` of a one-element tensor (as in PyTorch)."
+        if self.data.size != 1:
+            raise ValueError(f"float(): only a tensor with one element can become a Python float; this one has shape {self.shape}")
+        value = float(self.data.reshape(()))
+        return _converted(self, "float", value) if _STATE.conversions else value
+
+    def __int__(self) -> int:
+        "`int(t)` of a one-element tensor (as in PyTorch: a float is truncated toward zero)."
+        if self.data.size != 1:
+            raise ValueError(f"int(): only a tensor with one element can become a Python int; this one has shape {self.shape}")
+        value = int(self.data.reshape(()))
+        return _converted(self, "int", value) if _STATE.conversions else value
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -490,7 +576,8 @@ class Tensor:
                 f"the truth value of a tensor with {self.data.size} elements (shape {self.shape}) is ambiguous: "
                 f"use .any() or .all() on its .data, or compare one element"
             )
-        return bool(self.data)
+        value = bool(self.data)
+        return _converted(self, "bool", value) if _STATE.conversions else value
 
     __hash__ = object.__hash__  # tensors are hashable by identity (== is elementwise, as in PyTorch)
 
@@ -539,7 +626,7 @@ class Tensor:
         TinyTorch does not rewrite the graph after an in-place change (PyTorch does). Refused too
         when `other` requires grad: an in-place op is not recorded, so its gradient would be lost.
         """
-        if _GRAD_ENABLED:
+        if _STATE.grad_enabled:
             if self.requires_grad:
                 if self.grad_fn is None:
                     raise RuntimeError(
@@ -581,7 +668,7 @@ class Tensor:
                 raise
             raise ValueError(f"{op}: this tensor's buffer is read-only (a broadcast view): clone() it first") from None
         _bump_version(self.data)
-        if _OP_OBSERVERS:
+        if _STATE.ops.active:
             self._report_inplace(op, other, "other", given, None if alpha == 1 else {"alpha": alpha})
         return self
 
@@ -623,7 +710,7 @@ class Tensor:
             raise ValueError(f"{op}: the value must be a single number; got an array of shape {np.shape(value)} "
                              f"(use copy_ to copy an array in)")
         self._write(value, op)
-        if _OP_OBSERVERS:
+        if _STATE.ops.active:
             self._report_inplace(op, None, "value", value)
         return self
 
@@ -631,7 +718,7 @@ class Tensor:
         "Copy `src` (broadcast to this shape, cast to this dtype as in PyTorch) into this buffer; returns self."
         value = self._inplace_operand(src, "copy_")
         self._write(value, "copy_")
-        if _OP_OBSERVERS:
+        if _STATE.ops.active:
             self._report_inplace("copy_", src, "src", value)
         return self
 
@@ -688,8 +775,9 @@ class Tensor:
         HINTS: `isinstance(other, (int, float))`; NumPy 2 keeps an array's dtype when the other
         operand is a Python number; `ndarray.astype`.
         """
-        if _COMPUTE_BACKEND is not None:  # given: the arithmetic runs on module 17's compute backend
-            fn = functools.partial(_COMPUTE_BACKEND.binary, op, fn)
+        backend = _STATE.backend
+        if backend is not None:  # given: the arithmetic runs on module 17's compute backend
+            fn = functools.partial(backend.binary, op, fn)
         ### BEGIN SOLUTION
         a = self.data
         if isinstance(other, Tensor):
@@ -753,7 +841,8 @@ class Tensor:
 
     def __neg__(self):
         a = self.data
-        out = np.negative(a) if _COMPUTE_BACKEND is None else _COMPUTE_BACKEND.unary("neg", np.negative, a)
+        backend = _STATE.backend
+        out = np.negative(a) if backend is None else backend.unary("neg", np.negative, a)
         return Tensor.from_op(out, "neg", (self,))
 
     # ----- comparisons: boolean results, recorded for observers but never part of the graph -----
@@ -797,8 +886,9 @@ class Tensor:
         NumPy (`log(-1)` is nan). Compute through the `fn` you are given (it may be module 17's
         compute backend's version of the ufunc).
         """
-        if _COMPUTE_BACKEND is not None:  # given: the arithmetic runs on module 17's compute backend
-            fn = functools.partial(_COMPUTE_BACKEND.unary, op, fn)
+        backend = _STATE.backend
+        if backend is not None:  # given: the arithmetic runs on module 17's compute backend
+            fn = functools.partial(backend.unary, op, fn)
         ### BEGIN SOLUTION
         a = self.data
         if a.dtype.kind != "f":
@@ -881,7 +971,7 @@ class Tensor:
         if a.ndim > 2 and b.ndim > 2:
             broadcast_shape(a.shape[:-2], b.shape[:-2], f"matmul of {a.shape} and {b.shape} (batch dimensions)")
         ### END SOLUTION
-        out = np.matmul(a, b) if _COMPUTE_BACKEND is None and a.ndim <= 2 else backend_matmul(a, b)
+        out = np.matmul(a, b) if _STATE.backend is None and a.ndim <= 2 else backend_matmul(a, b)
         return Tensor.from_op(out, "matmul", (self, other), (a, b))
 
     def __matmul__(self, other):

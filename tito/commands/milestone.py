@@ -51,7 +51,8 @@ def run(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="milestone name (see `tito milestone list`), script name or year"),
 ) -> None:
-    """Run milestone NAME with this edition's tinytorch; exit with the script's exit code.
+    """Run milestone NAME with this edition's tinytorch; exit with the script's exit code
+    (0: target met, 1: not met, 3: too noisy to tell: a speed interval straddles its target).
 
     Options after NAME go to the script, e.g. `tito milestone run perceptron --epochs 20`.
     Put `--` before script options that tito also knows: `tito milestone run perceptron -- --help`.

@@ -98,14 +98,14 @@ def count(rng, rec):
     rec.call("lambda", lambda: as_data(count_flops(lambda t: t @ t.T, x)))
     conv = Conv2d(3, 4, 3, padding=1, rng=0)
     rec.call("conv", lambda: as_data(count_flops(conv, Tensor(np.ones((2, 3, 5, 5), np.float32)))))
-    from tinytorch.core.tensor import _OBSERVER_LIST
+    from tinytorch.core.tensor import active_op_observers
 
-    n_before = len(_OBSERVER_LIST)
+    n_before = len(active_op_observers())
 
     def broken(_):
         raise RuntimeError("boom")
     rec.call("broken", count_flops, broken, x)
-    rec["observers_left"] = len(_OBSERVER_LIST) - n_before
+    rec["observers_left"] = len(active_op_observers()) - n_before
     counter = FlopCounter()
     from tinytorch.core.autograd import no_grad
     from tinytorch.core.tensor import observe_ops
