@@ -85,6 +85,22 @@ def test_grad_mode_is_per_thread_under_interleaved_no_grad():
     assert seen == {"A inside": False, "B before": True, "A sees B's block": False, "A after": True,
                     "A records": True, "B inside after A left": False, "B records inside": False, "B after": True}, seen
     assert is_grad_enabled(), "the main thread's grad mode must not change"
+    assert T._DEPARTURES == 0, "every thread is back at the defaults: ops must take the fast path again"
+
+
+def test_a_thread_that_ends_inside_no_grad_leaves_the_fast_path_on():
+    import gc
+
+    def body():
+        no_grad().__enter__()   # never exited
+        Tensor(np.ones(2, np.float32)) * 2.0
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(10)
+    del t
+    gc.collect()
+    assert T._DEPARTURES == 0 and is_grad_enabled()
 
 
 def test_op_observers_see_their_own_thread_only():

@@ -61,19 +61,62 @@ def broadcast_shape(shape_a, shape_b, op: str = "broadcast") -> tuple:
     ### END SOLUTION
 
 # %% ../../modules/01_tensor/01_tensor.ipynb #tensor-records
-class _OpObservers:
-    "One thread's op observers: the registered ones in order, and the ones `from_op` calls now."
+_DEPARTURES = 0  # how many (thread, setting) pairs differ from their defaults now; 0: all at the defaults
+_DEPARTURES_LOCK = threading.RLock()  # re-entrant: a departure freed by the garbage collector inside the lock
 
-    __slots__ = ("registered", "active", "notifying")
+
+class _Departure:
+    """Counts one setting of one thread in `_DEPARTURES` while it differs from its default, so that an op
+    reads the thread's state only while some thread has changed something: a plain program pays one test
+    of a global per op, as it did when the modes were global."""
+
+    __slots__ = ("on",)
+
+    def __init__(self):
+        self.on = False
+
+    def set(self, differs: bool) -> None:
+        global _DEPARTURES
+        with _DEPARTURES_LOCK:
+            if differs != self.on:
+                self.on = differs
+                _DEPARTURES += 1 if differs else -1
+
+    def __del__(self):  # a thread that ended inside `no_grad()` leaves nothing counted
+        self.set(False)
+
+
+class _Observers:
+    """One thread's observers of one kind (op results, or conversions to Python values): the registered
+    ones in order, and the ones called now (none while one of them runs: its own work is not observed)."""
+
+    __slots__ = ("registered", "active", "notifying", "departure")
 
     def __init__(self):
         self.registered: list = []
-        self.active: tuple = ()   # empty while an observer runs (its own ops are not observed)
+        self.active: tuple = ()
         self.notifying = False
+        self.departure = _Departure()
 
     def refresh(self) -> None:
+        self.departure.set(bool(self.registered))
         if not self.notifying:
             self.active = tuple(self.registered)
+
+    def add(self, fn) -> "ObserverHandle":
+        self.registered.append(fn)
+        self.refresh()
+        return ObserverHandle(fn, self)
+
+    def notify(self, *args) -> None:
+        "Call the active observers with `args`; what they do themselves is not observed (no recursion)."
+        observers, self.active, self.notifying = self.active, (), True
+        try:
+            for fn in observers:
+                fn(*args)
+        finally:
+            self.notifying = False
+            self.refresh()
 
 
 class _ThreadState(threading.local):
@@ -88,9 +131,10 @@ class _ThreadState(threading.local):
 
     def __init__(self):
         self.grad_enabled = True
-        self.ops = _OpObservers()
-        self.conversions: tuple = ()  # fn(tensor, how, value) for every Tensor turned into a Python value
-        self.backend = None           # None: NumPy, called directly
+        self.ops = _Observers()          # fn(node, out) for every op result
+        self.conversions = _Observers()  # fn(tensor, how, value) for every Tensor turned into a Python value
+        self.backend = None              # None: NumPy, called directly
+        self.grad_departure, self.backend_departure = _Departure(), _Departure()
 
 
 _STATE = _ThreadState()
@@ -110,6 +154,7 @@ def set_grad_enabled(mode: bool) -> bool:
     """
     st = _STATE
     previous, st.grad_enabled = st.grad_enabled, bool(mode)
+    st.grad_departure.set(not st.grad_enabled)
     return previous
 
 
@@ -262,17 +307,12 @@ class ObserverHandle:
     __slots__ = ("fn", "owner")
 
     def __init__(self, fn, owner):
-        self.fn, self.owner = fn, owner   # owner: the registering thread's _OpObservers
+        self.fn, self.owner = fn, owner   # owner: the registering thread's _Observers
 
     def remove(self) -> None:
-        owner = self.owner
-        if isinstance(owner, _OpObservers):
-            if self.fn in owner.registered:
-                owner.registered.remove(self.fn)
-            owner.refresh()
-        else:  # a conversion observer: (the thread's state, fn)
-            st = owner
-            st.conversions = tuple(f for f in st.conversions if f is not self.fn)
+        if self.fn in self.owner.registered:
+            self.owner.registered.remove(self.fn)
+        self.owner.refresh()
 
 
 def add_op_observer(fn) -> ObserverHandle:
@@ -287,10 +327,7 @@ def add_op_observer(fn) -> ObserverHandle:
     """
     if not callable(fn):
         raise TypeError(f"add_op_observer: the observer must be callable as fn(node, out); got {type(fn).__name__}")
-    ops = _STATE.ops
-    ops.registered.append(fn)
-    ops.refresh()
-    return ObserverHandle(fn, ops)
+    return _STATE.ops.add(fn)
 
 
 def active_op_observers() -> tuple:
@@ -310,14 +347,7 @@ def observe_ops(fn):
 
 def _notify(node: Node, out) -> None:
     "Call this thread's observers with one record; observers' own ops are not observed (no recursion)."
-    ops = _STATE.ops
-    observers, ops.active, ops.notifying = ops.active, (), True
-    try:
-        for fn in observers:
-            fn(node, out)
-    finally:
-        ops.notifying = False
-        ops.refresh()
+    _STATE.ops.notify(node, out)
 
 
 def add_conversion_observer(fn) -> ObserverHandle:
@@ -330,9 +360,7 @@ def add_conversion_observer(fn) -> ObserverHandle:
     if not callable(fn):
         raise TypeError(f"add_conversion_observer: the observer must be callable as fn(tensor, how, value); "
                         f"got {type(fn).__name__}")
-    st = _STATE
-    st.conversions = (*st.conversions, fn)
-    return ObserverHandle(fn, st)
+    return _STATE.conversions.add(fn)
 
 
 @contextlib.contextmanager
@@ -346,9 +374,11 @@ def observe_conversions(fn):
 
 
 def _converted(t, how: str, value):
-    "Tell this thread's conversion observers that `t` became `value`; return `value`."
-    for fn in _STATE.conversions:
-        fn(t, how, value)
+    "Tell this thread's conversion observers (if any) that `t` became `value`; return `value`."
+    if _DEPARTURES:
+        conversions = _STATE.conversions
+        if conversions.active:
+            conversions.notify(t, how, value)
     return value
 
 
@@ -375,6 +405,7 @@ def set_compute_backend(backend):
                             f"{type(backend).__name__} has no {', '.join(missing)}")
     st = _STATE
     previous, st.backend = st.backend, backend
+    st.backend_departure.set(backend is not None)
     return previous
 
 
@@ -389,7 +420,7 @@ def backend_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     A batch times one matrix, `(..., T, K) @ (K, N)`, runs as one `(B*T, K) @ (K, N)` product (a view,
     when `a` is contiguous): `np.matmul` would call BLAS once per batch entry, on small matrices
     (a GPT's `x @ W.T` at batch 32 runs about 1.5x faster as one product)."""
-    backend = _STATE.backend
+    backend = _STATE.backend if _DEPARTURES else None
     mm = np.matmul if backend is None else backend.matmul
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         return mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
@@ -485,8 +516,12 @@ class Tensor:
         arr = out.data = data if type(data) is np.ndarray else np.asarray(data)
         out.grad = None
         out._retains_grad = False
-        st = _STATE
-        if st.grad_enabled:
+        if _DEPARTURES:   # some thread changed a mode: read this thread's (most programs skip this)
+            st = _STATE
+            grad, observers = st.grad_enabled, st.ops.active
+        else:
+            grad, observers = True, ()
+        if grad:
             for t in inputs:
                 if t is not None and t.requires_grad:
                     dtype = arr.dtype
@@ -494,14 +529,14 @@ class Tensor:
                         break
                     out.requires_grad = True
                     node = out.grad_fn = (_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, dtype)
-                    if st.ops.active:
+                    if observers:
                         _notify(node, out)
                     if _VERSIONS:  # some buffer was changed in place: remember what the rule's arrays were at
                         node.versions = _versions_now(node)
                     return out
         out.requires_grad = False
         out.grad_fn = None
-        if st.ops.active:
+        if observers:
             _notify((_NODE_TYPES.get(op) or node_type(op))(inputs, saved, attrs, arr.shape, arr.dtype), out)
         return out
 
@@ -548,22 +583,19 @@ class Tensor:
         "The single value of a one-element tensor as a Python number."
         if self.data.size != 1:
             raise ValueError(f"item(): only a tensor with one element can become a Python number; this one has shape {self.shape}")
-        value = self.data.item()
-        return _converted(self, "item", value) if _STATE.conversions else value
+        return _converted(self, "item", self.data.item())
 
     def __float__(self) -> float:
         "`float(t)` of a one-element tensor (as in PyTorch)."
         if self.data.size != 1:
             raise ValueError(f"float(): only a tensor with one element can become a Python float; this one has shape {self.shape}")
-        value = float(self.data.reshape(()))
-        return _converted(self, "float", value) if _STATE.conversions else value
+        return _converted(self, "float", float(self.data.reshape(())))
 
     def __int__(self) -> int:
         "`int(t)` of a one-element tensor (as in PyTorch: a float is truncated toward zero)."
         if self.data.size != 1:
             raise ValueError(f"int(): only a tensor with one element can become a Python int; this one has shape {self.shape}")
-        value = int(self.data.reshape(()))
-        return _converted(self, "int", value) if _STATE.conversions else value
+        return _converted(self, "int", int(self.data.reshape(())))
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -576,8 +608,7 @@ class Tensor:
                 f"the truth value of a tensor with {self.data.size} elements (shape {self.shape}) is ambiguous: "
                 f"use .any() or .all() on its .data, or compare one element"
             )
-        value = bool(self.data)
-        return _converted(self, "bool", value) if _STATE.conversions else value
+        return _converted(self, "bool", bool(self.data))
 
     __hash__ = object.__hash__  # tensors are hashable by identity (== is elementwise, as in PyTorch)
 
@@ -775,7 +806,7 @@ class Tensor:
         HINTS: `isinstance(other, (int, float))`; NumPy 2 keeps an array's dtype when the other
         operand is a Python number; `ndarray.astype`.
         """
-        backend = _STATE.backend
+        backend = _STATE.backend if _DEPARTURES else None
         if backend is not None:  # given: the arithmetic runs on module 17's compute backend
             fn = functools.partial(backend.binary, op, fn)
         ### BEGIN SOLUTION
@@ -841,7 +872,7 @@ class Tensor:
 
     def __neg__(self):
         a = self.data
-        backend = _STATE.backend
+        backend = _STATE.backend if _DEPARTURES else None
         out = np.negative(a) if backend is None else backend.unary("neg", np.negative, a)
         return Tensor.from_op(out, "neg", (self,))
 
@@ -886,7 +917,7 @@ class Tensor:
         NumPy (`log(-1)` is nan). Compute through the `fn` you are given (it may be module 17's
         compute backend's version of the ufunc).
         """
-        backend = _STATE.backend
+        backend = _STATE.backend if _DEPARTURES else None
         if backend is not None:  # given: the arithmetic runs on module 17's compute backend
             fn = functools.partial(backend.unary, op, fn)
         ### BEGIN SOLUTION
@@ -971,7 +1002,7 @@ class Tensor:
         if a.ndim > 2 and b.ndim > 2:
             broadcast_shape(a.shape[:-2], b.shape[:-2], f"matmul of {a.shape} and {b.shape} (batch dimensions)")
         ### END SOLUTION
-        out = np.matmul(a, b) if _STATE.backend is None and a.ndim <= 2 else backend_matmul(a, b)
+        out = np.matmul(a, b) if not (_DEPARTURES and _STATE.backend is not None) and a.ndim <= 2 else backend_matmul(a, b)
         return Tensor.from_op(out, "matmul", (self, other), (a, b))
 
     def __matmul__(self, other):
