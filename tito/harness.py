@@ -267,7 +267,25 @@ class Run:
             if not passed and profile is not None:
                 print(slowest_ops_report(slowest_ops(profile)), flush=True)
         print(f"{self.title}: {'PASS' if ok else 'FAIL'} ({self.target.text})", flush=True)
+        self.write_result("PASS" if ok else "FAIL", reached, beats, epochs, seconds)
         return 0 if ok else 1
+
+    def write_result(self, verdict: str, reached=(), beats=(), epochs=None, seconds=None) -> Path:
+        """The run's result file, beside its plot (`milestones/outputs/<script>.json`): what `report` was given
+        and its verdict, with the machine and commit (`tito guide measure` keeps these for the lab guide)."""
+        from tito import measured
+
+        num = lambda v: v if isinstance(v, str) else float(v)  # noqa: E731 (NumPy scalars are not JSON)
+        data = {"milestone": self.milestone.name, "year": self.milestone.year, "target": self.target.text,
+                "verdict": verdict, "quick": self.quick, "epochs_run": epochs,
+                "seconds": None if seconds is None else round(float(seconds), 2),
+                "reached": [{"label": label, "value": float(value), "condition": f"{c.op} {c.text}"}
+                            for c, (label, value) in zip(self.target.conditions, reached)],
+                "beats": [{"label": b[0], "value": num(b[1]), "baseline": b[2], "baseline_value": num(b[3]),
+                           "better": b[4]} for b in beats],
+                "argv": sys.argv[1:], "date": measured.now(), "commit": measured.git_commit(self.root),
+                "machine": measured.machine()}
+        return measured.write_json(Path(self.args.out).with_suffix(".json"), data)
 
 
 def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
