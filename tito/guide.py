@@ -433,7 +433,7 @@ def milestone_sections(root: Path, modules: list[Module], engine: str) -> str:
         runs = measured.milestone_runs(root, s.name)
         if runs:
             last = runs[-1]
-            out += [f"Measured (the newest of {len(runs)} kept runs, {_run_line(last)}): **{_verdict(last)}** in "
+            out += [f"Measured ({'the only kept run' if len(runs) == 1 else f'the newest of {len(runs)} kept runs'}, {_run_line(last)}): **{_verdict(last)}** in "
                     f"{last.get('seconds')} s. Every kept run is on the [measured page](measured.qmd#{_anchor(s)}-runs).", ""]
             if last.get("plot") and (measured.measured_dir(root) / "milestones" / last["plot"]).is_file():
                 out += [figure_block(f"measured/milestones/{last['plot']}",
