@@ -809,3 +809,54 @@ def test_pdf_of_the_guide(tmp_path):
         assert needed in text, f"the PDF lacks {needed!r}"
     assert "\\frac" not in text and "\\(" not in text, "the PDF shows raw TeX: MathJax did not typeset before printing"
     assert len(reader.pages) > 20
+
+
+# ---------------------------------------------------------------- result files (fast)
+
+
+def test_milestone_report_writes_a_result_file(tmp_path, capsys):
+    """`Run.report` writes what it checked, its verdict and the machine beside the plot: the guide's source."""
+    import argparse
+
+    from tito import harness
+    from tito import milestones as ms
+
+    target = harness.Target.parse("at least 95% test accuracy, in under 2 minutes")
+    run = harness.Run(ms.get(ROOT, "mlp"), argparse.Namespace(out=tmp_path / "mlp.png", quick=False), ROOT, target)
+    assert run.report(("test accuracy", 0.97), seconds=12.5) == 0
+    data = json.loads((tmp_path / "mlp.json").read_text())
+    assert data["verdict"] == "PASS" and data["milestone"] == "mlp" and data["seconds"] == 12.5
+    assert data["reached"] == [{"label": "test accuracy", "value": 0.97, "condition": ">= 95%"}]
+    assert data["machine"]["cores"] and data["date"]
+
+
+def test_benchmark_result_is_written_where_asked(tmp_path, monkeypatch):
+    from tests.support import bench
+
+    out = tmp_path / "result.json"
+    monkeypatch.setenv("TINYTORCH_RESULT_FILE", str(out))
+    monkeypatch.setattr(bench, "RESULTS", [])
+    bench.result("tinytorch / torch", 0.76, "x", goal="<= 1.3x", verdict="met")
+    data = json.loads(out.read_text())
+    assert data["results"] == [{"label": "tinytorch / torch", "value": 0.76, "unit": "x", "goal": "<= 1.3x",
+                                "verdict": "met"}]
+
+
+def test_measured_page_shows_every_kept_run(tmp_path):
+    """Two kept runs of a benchmark: the page shows the newest output, a row per run, and the older output folded."""
+    root = tmp_path / "course"
+    (root / "tests" / "benchmarks").mkdir(parents=True)
+    (root / "tests" / "benchmarks" / "bench_demo.py").write_text('"""Demo: how fast is it."""\n')
+    (root / "milestones").mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "system": "Linux", "python": "3.11", "numpy": "2.0", "load_average": 1.5}
+    for i, out in enumerate(("first run: 1.00x\n", "second run: 2.00x\n")):
+        guide.measured.append_run(root / "quarto" / "measured" / "benchmarks" / "bench_demo.json",
+                                  {"date": f"2026-01-0{i + 1} 10:00 UTC", "commit": f"abc{i}", "machine": machine,
+                                   "command": "python tests/benchmarks/bench_demo.py", "exit": 0, "seconds": 3.0,
+                                   "result": {"results": [{"label": "speedup", "value": 2.0, "unit": "x",
+                                                           "goal": ">= 1.5x", "verdict": "met"}]},
+                                   "output": out})
+    text = guide.measured_sections(root, "jupyter-book")
+    assert "second run: 2.00x" in text and "first run: 1.00x" in text and "<details>" in text
+    assert "| speedup | 2 x | >= 1.5x | met |" in text and "Test CPU (2 cores" in text
+    assert "All 2 kept runs, oldest first" in text and "| 2 | 2026-01-02 10:00 UTC | abc1 |" in text

@@ -270,15 +270,20 @@ class Run:
         self.write_result("PASS" if ok else "FAIL", reached, beats, epochs, seconds)
         return 0 if ok else 1
 
-    def write_result(self, verdict: str, reached=(), beats=(), epochs=None, seconds=None) -> Path:
+    def write_result(self, verdict: str, reached=(), beats=(), epochs=None, seconds=None) -> Path | None:
         """The run's result file, beside its plot (`milestones/outputs/<script>.json`): what `report` was given
-        and its verdict, with the machine and commit (`tito guide measure` keeps these for the lab guide)."""
+        and its verdict, with the machine and commit (`tito guide measure` keeps these for the lab guide).
+        None for a Run made without parsed flags (no `--out` to write beside)."""
         from tito import measured
+
+        if getattr(self.args, "out", None) is None:
+            return None
 
         num = lambda v: v if isinstance(v, str) else float(v)  # noqa: E731 (NumPy scalars are not JSON)
         data = {"milestone": self.milestone.name, "year": self.milestone.year, "target": self.target.text,
-                "verdict": verdict, "quick": self.quick, "epochs_run": epochs,
+                "verdict": verdict, "epochs_run": epochs,
                 "seconds": None if seconds is None else round(float(seconds), 2),
+                "quick": bool(getattr(self.args, "quick", False)),
                 "reached": [{"label": label, "value": float(value), "condition": f"{c.op} {c.text}"}
                             for c, (label, value) in zip(self.target.conditions, reached)],
                 "beats": [{"label": b[0], "value": num(b[1]), "baseline": b[2], "baseline_value": num(b[3]),
