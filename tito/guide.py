@@ -522,16 +522,20 @@ def measured_sections(root: Path, engine: str) -> str:
 
 def measured_figures_list(root: Path, modules: list[Module]) -> str:
     """Which chapters show figures of the reference run, when and where they were measured."""
-    rows = ["| module | figures | measured on | date | commit | run time |", "|---|---|---|---|---|---|"]
+    rows = ["| module | figures | date | commit | load average | run time |", "|---|---|---|---|---|---|"]
+    machines = []
     for m in modules:
         rec = measured.notebook_figures(root, m)
         if rec:
-            rows.append(f"| [{m.number} {m.title}](chapters/{m.slug}.ipynb) | {len(rec['figures'])} | "
-                        f"{_md_cell(measured.machine_text(rec['machine']))} | {rec['date']} | {rec.get('commit') or '-'} | "
-                        f"{rec['seconds']:.0f} s |")
+            where = measured.machine_text({k: v for k, v in rec["machine"].items() if k != "load_average"})
+            if where not in machines:
+                machines.append(where)
+            rows.append(f"| [{m.number} {m.title}](chapters/{m.slug}.ipynb) | {len(rec['figures'])} | {rec['date']} | "
+                        f"{rec.get('commit') or '-'} | {rec['machine'].get('load_average', '-')} | {rec['seconds']:.0f} s |")
         elif measured_figure_cells(m):
             rows.append(f"| [{m.number} {m.title}](chapters/{m.slug}.ipynb) | not measured yet | - | - | - | - |")
-    return "\n".join(rows)
+    head = [f"Measured on {_md_cell(w)}." for w in machines]
+    return "\n".join(head + [""] + rows)
 
 
 def measured_figure_cells(module: Module) -> list[int]:
