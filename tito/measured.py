@@ -99,18 +99,17 @@ def write_json(path: Path, data) -> Path:
     """Write `data` as JSON to `path` atomically (a temporary file in the same folder, then a rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                     suffix=".part", delete=False) as part:
+        part.write(text)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False)
-            f.write("\n")
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        os.chmod(part.name, 0o666 & ~umask)  # a new file's usual mode (NamedTemporaryFile makes 0600)
+        os.replace(part.name, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        Path(part.name).unlink(missing_ok=True)
         raise
     return path
 
