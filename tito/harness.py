@@ -325,7 +325,34 @@ class Run:
                 print(slowest_ops_report(slowest_ops(profile)), flush=True)
         overall = FAIL if FAIL in verdicts else NOISY if NOISY in verdicts else PASS
         print(f"{self.title}: {overall} ({self.target.text})", flush=True)
+        self.write_result(overall, reached, beats, epochs, seconds)
         return {PASS: 0, FAIL: 1, NOISY: NOISY_EXIT}[overall]
+
+    def write_result(self, verdict: str, reached=(), beats=(), epochs=None, seconds=None) -> Path | None:
+        """The run's result file, beside its plot (`milestones/outputs/<script>.json`): what `report` was given
+        and its verdict, with the machine and commit (`tito guide measure` keeps these for the lab guide).
+        None for a Run made without parsed flags (no `--out` to write beside)."""
+        from tito import measured
+
+        if getattr(self.args, "out", None) is None:
+            return None
+
+        def num(v):  # NumPy scalars are not JSON; an Interval keeps its ends
+            if isinstance(v, Interval):
+                return {"low": float(v.low), "high": float(v.high), "estimate": None if v.estimate is None else float(v.estimate)}
+            return v if isinstance(v, str) else float(v)
+
+        data = {"milestone": self.milestone.name, "year": self.milestone.year, "target": self.target.text,
+                "verdict": verdict, "epochs_run": epochs,
+                "seconds": None if seconds is None else round(float(seconds), 2),
+                "quick": bool(getattr(self.args, "quick", False)),
+                "reached": [{"label": label, "value": num(value), "condition": f"{c.op} {c.text}"}
+                            for c, (label, value) in zip(self.target.conditions, reached)],
+                "beats": [{"label": b[0], "value": num(b[1]), "baseline": b[2], "baseline_value": num(b[3]),
+                           "better": b[4]} for b in beats],
+                "argv": sys.argv[1:], "date": measured.now(), "commit": measured.git_commit(self.root),
+                "machine": measured.machine()}
+        return measured.write_json(Path(self.args.out).with_suffix(".json"), data)
 
 
 def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:

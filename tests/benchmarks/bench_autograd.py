@@ -32,7 +32,7 @@ for _var in ("OPENBLAS_NUM_THREADS",):  # not MKL_NUM_THREADS: torch reads it to
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.bench import interleaved  # noqa: E402
+from tests.support.bench import interleaved, result  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -175,6 +175,8 @@ def row(name: str, times: dict, goal: float | None = None) -> None:
         verdict = f"goal <= {goal}x torch: " + ("met" if tt <= goal * min(t1, td) else "MISSED")
     print(f"{name:<38} {tt * 1e3:10.3f} {t1 * 1e3:10.3f} {td * 1e3:10.3f} {npf * 1e3:10.3f}"
           f" {tt / t1:7.2f}x {tt / td:7.2f}x {tt / npf:7.2f}x  {verdict}")
+    result(f"{name}: tinytorch / faster torch", tt / min(t1, td), "x", goal=f"<= {goal}x" if goal else None,
+           verdict=verdict.rsplit(": ", 1)[-1] if goal else None)
 
 
 def main(argv=None) -> None:

@@ -7,7 +7,11 @@ comparison with `torch.set_num_threads(1)`.
 """
 from __future__ import annotations
 
+import os
+
 from tinytorch.perf.measure import time_call
+
+RESULTS: list[dict] = []  # what this script reported with `result`, in order
 
 
 def interleaved(candidates: dict, rounds: int) -> dict:
@@ -35,3 +39,21 @@ def interleaved(candidates: dict, rounds: int) -> dict:
             t = time_call(fn, warmup=0, repeats=1, number=numbers[name]).best
             best[name] = t if best[name] is None else min(best[name], t)
     return best
+
+
+def result(label: str, value, unit: str = "", *, goal: str | None = None, verdict: str | None = None) -> dict:
+    """Report one headline number of a benchmark (`result("tinytorch / torch, MLP step", 0.76, "x", goal="<= 1.3x",
+    verdict="met")`). It is kept in RESULTS and, when `TINYTORCH_RESULT_FILE` is set (`tito guide measure
+    bench NAME` sets it), written there at once as JSON, so the lab guide's measured page shows the number
+    with the machine it was measured on. Printing stays the script's own business."""
+    import sys
+
+    entry = {"label": label, "value": value if isinstance(value, (str, type(None))) else float(value), "unit": unit,
+             "goal": goal, "verdict": verdict}
+    RESULTS.append(entry)
+    path = os.environ.get("TINYTORCH_RESULT_FILE")
+    if path:
+        from tito.measured import write_json
+
+        write_json(path, {"script": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "results": RESULTS})
+    return entry
