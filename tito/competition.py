@@ -673,8 +673,8 @@ def speedup_interval(entry: dict, n_boot: int = 2000, seed: int = 0) -> tuple | 
         own += np.median(a[idx], axis=1)
         numpy_ += np.median(b[idx], axis=1)
     tail = 50 * (1 - CONFIDENCE)
-    low, high = np.percentile(numpy_ / own, [tail, 100 - tail])
-    return float(low), float(high)
+    bounds = np.percentile(numpy_ / own, [tail, 100 - tail])
+    return tuple(float(b) for b in bounds)
 
 
 def speed_verdict(interval: tuple | None, repeats: int | None = None) -> str:

@@ -113,10 +113,14 @@ def test_blocked_matmul_equals_numpy_and_torch(n, k, m, block, seed):
                      inputs={"a": a, "b": b}, rtol=1e-4, atol=1e-4, reference="torch.matmul")
 
 
-@pytest.mark.exercise("17.3", "blocked_matmul")
-def test_blocked_matmul_default_tile_and_bad_shapes():
+def test_blocked_matmul_default_tile_comes_from_the_l2_size():
+    "blocked_matmul (17.3) with block_size_for's (17.2) tile of this machine's L2: not an exercise's own test."
     a, b = np.arange(12.0).reshape(3, 4), np.ones((4, 2))
     assert_close(kn.blocked_matmul(a, b), (a @ b).astype(np.float32), op="blocked_matmul (the L2 tile, float64 input)")
+
+
+@pytest.mark.exercise("17.3", "blocked_matmul")
+def test_blocked_matmul_rejects_bad_shapes():
     with pytest.raises(ValueError, match=r"^blocked_matmul: inner sizes differ: a is \(2, 3\), b is \(4, 5\)$"):
         kn.blocked_matmul(np.ones((2, 3)), np.ones((4, 5)))
 
@@ -234,7 +238,15 @@ def test_attr_key_tells_types_bits_and_contents_apart():
         assert ka == kb and hash(ka) == hash(kb), f"attr_key({a!r}) and attr_key({b!r}) must be equal and hashable"
 
 
-@pytest.mark.exercise("17.6", "attr_key")
+@pytest.mark.exercise("17.6", "common_subexpression_elimination")
+def test_cse_keeps_int_and_float_constants_apart():
+    t = Tensor(np.array([100, 7], np.int8))
+    c = cc.common_subexpression_elimination(cc.trace(lambda p: (p * 2, p * 2.0, p * 2), t))
+    assert [(n.op, n.attrs["other"], str(n.dtype)) for n in c.nodes] == [("mul", 2, "int8"), ("mul", 2.0, "float32")], (
+        f"int8 * 2 (int8) and int8 * 2.0 (float32) are different computations; the second int8 * 2 merges:\n{c}")
+    assert c.outputs == ["%0", "%1", "%0"], c.outputs
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_times_2_and_times_2_0_stay_apart(backend):
     "Issue 31: CSE took other=2 and other=2.0 as one key: int8 [100, 7] * 2.0 came back int8 [-56, 14]."
