@@ -412,10 +412,15 @@ def loops(rng, rec):
         "loop_three_inner": (["inner", "inner", "full"], 2, [("a", "(v0 * v1)"), ("b", "(a + v2)")],
                              [f32(rng, 2), f32(rng, 2), f32(rng, 5, 2)], 10),
     }
+    sources = []  # one C file for all of them: one compiler run
+    for key, (kinds, inner, steps, _, _) in cases.items():
+        text = rec.call(key + "_text", loop_source, f"k_{key}", kinds, inner, steps, f"probe {key}")
+        sources.append(text if isinstance(text, str) else "")
+        rec[key + "_text"] = isinstance(text, str) or rec[key + "_text"]  # the text itself is not judged
+    source = "\n".join(sources)
     for key, (kinds, inner, steps, arrays, n_out) in cases.items():
-        rec.call(key, lambda kinds=kinds, inner=inner, steps=steps, arrays=arrays, n_out=n_out, key=key: _call(
-            _c_function(build_c_kernel, loop_source(f"k_{key}", kinds, inner, steps, f"probe {key}"), f"k_{key}",
-                        len(kinds)), arrays, n_out, n_out // inner))
+        rec.call(key, lambda kinds=kinds, inner=inner, arrays=arrays, n_out=n_out, key=key: _call(
+            _c_function(build_c_kernel, source, f"k_{key}", len(kinds)), arrays, n_out, n_out // inner))
 
 
 # ------------------------------------------------------------------ part 6: guards and backends
