@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     from tinytorch.core.tensor import Tensor
     from tinytorch.core.training import CosineAnnealingLR, Trainer
     from tinytorch.data.loader import DataLoader, TensorDataset, load_digits
-    from tinytorch.perf.acceleration import compile as tt_compile
+    from tinytorch.perf.compiler import compile as tt_compile
     from tinytorch.perf.benchmark import benchmark, compare, format_seconds, pareto_front, result_row, write_results
     from tinytorch.perf.compression import distillation_loss, low_rank_model, prune_magnitude, storage_bytes
     from tinytorch.perf.profiler import Profiler

@@ -24,7 +24,7 @@ from tests.support.mutation import MUTATIONS, Mutation, apply_mutation
 from tito import notebooks as nbs
 from tito import probes as P
 from tito.course import Settings, load_modules
-from tito.trusted import Plan
+from tito.trusted import Plan, exported_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
@@ -44,6 +44,12 @@ def graded_exercises(module) -> list[str]:
     return [P.exercise_of(nbs.exercise_label(c)) for c in nbs.read(module.notebook).cells if nbs.is_test_cell(c)]
 
 
+class Exported(str):
+    """A module's exported code: the text of its `#| default_exp` file, and in `files` every file it writes by
+    package path (a module with `#| export_to` cells writes several: tito.trusted.exported_sources)."""
+    files: dict = {}
+
+
 def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
     """The trusted verdicts on `text` as module `number`'s exported code (all exercises, or `exercises`)."""
     p = plan(number)
@@ -53,7 +59,8 @@ def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
         pkg = Path(tmp) / "pkg"
         shutil.copytree(ROOT / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__"))
-        (pkg / p.package_rel).write_text(text, encoding="utf-8")
+        for rel, body in (getattr(text, "files", None) or {p.package_rel: text}).items():
+            (pkg / rel).write_text(body, encoding="utf-8")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg), str(ROOT)]), OPENBLAS_NUM_THREADS="1",
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         raw = P.run_groups(p.base(), groups, sys.executable, env, Path(tmp) / "work", 600)
@@ -64,7 +71,15 @@ def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
 def exported(nb) -> str:
     text, skipped = P.exported_source(nb)
     assert not skipped, skipped
-    return text
+    module = next((m for m in MODULES.values() if m.package_modules and any(
+        "#| default_exp " + m.package_module.removeprefix("tinytorch.") == c.source.strip() for c in nb.cells)), None)
+    if module is None or len(module.package_modules) == 1:
+        return text
+    files, skipped = exported_sources(nb, module)
+    assert not skipped, skipped
+    out = Exported(files[module.package_file(ROOT).relative_to(ROOT).as_posix()])
+    out.files = files
+    return out
 
 
 def with_solution(number: str, marker: str, code: str) -> str:
@@ -204,6 +219,41 @@ return Sequential(*[a, b])
 """
 
 
+# Module 17: C written otherwise (spacing, parentheses everywhere, a relu with ||, no helper table), and the
+# kernel's loop as one flat loop with `%` for the inner arguments: the probes compile and run it.
+OTHER_C_EXPRESSION = """
+a = operands[0]
+other = operands[1] if len(operands) > 1 else c_literal(attrs["other"]) if "other" in attrs else ""
+if op in ("add", "sub", "mul", "div"):
+    return "((" + a + ")" + {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op] + "(" + other + "))"
+if op == "pow":
+    if len(operands) == 1 and attrs.get("other") in (2, 3):
+        return "(" + "*".join(["(" + a + ")"] * int(attrs["other"])) + ")"
+    return "powf(" + a + "," + other + ")"
+simple = {"neg": "(-({a}))", "exp": "(expf({a}))", "log": "(logf({a}))", "sqrt": "(sqrtf({a}))",
+          "tanh": "(tanhf({a}))", "abs": "(fabsf({a}))", "relu": "((({a})>=0.0f||({a})!=({a}))?({a}):0.0f)",
+          "sigmoid": "(1.0f/(1.0f+expf(-({a}))))"}
+if op in simple:
+    return simple[op].format(a=a)
+if op == "gelu":
+    k, c = c_literal(math.sqrt(2.0 / math.pi)), c_literal(0.044715)
+    return f"(0.5f*({a})*(1.0f+tanhf({k}*(({a})+{c}*({a})*({a})*({a})))))"
+raise NotImplementedError(f"c_expression: no C code for op {op!r}")
+"""
+FLAT_LOOP = """
+read = {"full": "p{k}[i]", "copy": "p{k}[i]", "scalar": "p{k}[0]", "inner": "p{k}[i % {inner}]"}
+lines = ["#include <stdint.h>", "#include <math.h>"] + (["/* " + comment + " */"] if comment else [])
+args = [f"const float *p{k}" for k in range(len(kinds))] + ["float *out", "int64_t n_outer"]
+lines += [f"void {name}({', '.join(args)})", "{", f"  int64_t n = n_outer * {inner};",
+          "  for (int64_t i = 0; i < n; ++i) {"]
+for k, kind in enumerate(kinds):
+    lines.append("    float v%d = %s;" % (k, read[kind].format(k=k, inner=inner)))
+for t, e in steps:
+    lines.append(f"    float {t} = {e};")
+lines += [f"    out[i] = {steps[-1][0]};", "  }", "}"]
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("number, marker, code, exercises", [
     ("06", "def backward(", KAHN_BACKWARD, ["6.4"]),
@@ -213,8 +263,10 @@ return Sequential(*[a, b])
     ("09", "def conv2d_loop(", "out, _ = conv2d_forward(x, weight, bias, stride, padding)\nreturn out", ["9.1"]),
     ("13", "def sample_next(", CHOICE_SAMPLING, ["13.4"]),
     ("16", "def low_rank(", FLIPPED_SVD, ["16.4"]),
+    ("17", "def c_expression(", OTHER_C_EXPRESSION, ["17.9"]),
+    ("17", "def loop_source(", FLAT_LOOP, ["17.10"]),
 ], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col",
-        "13-sampling-with-choice", "16-svd-other-signs"])
+        "13-sampling-with-choice", "16-svd-other-signs", "17-c-spaced-and-parenthesised", "17-one-flat-loop"])
 def test_differently_written_solutions_keep_full_marks(number, marker, code, exercises):
     got = verdicts(number, with_solution(number, marker, code), exercises)
     assert all(not w for w in got.values()), got
@@ -239,7 +291,14 @@ def test_differently_written_solutions_keep_full_marks(number, marker, code, exe
      ["14.3", "14.5"]),
     (Mutation("15", "perf/quantization.py", "quantize", "np.rint(a * inv_scale",
               "np.floor(a * inv_scale", "quantize floors", "15.3"), ["15.5"]),
-], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "quantize-floor"])
+    (Mutation("17", "perf/compiler.py", "dead_code_elimination", "for n in reversed(graph.nodes):",
+              "for n in graph.nodes:", "DCE walks forwards", "17.4"), ["17.5", "17.6", "17.7", "17.8", "17.11"]),
+    (Mutation("17", "perf/compiler.py", "c_expression", 'c_literal(attrs["other"])', 'repr(attrs["other"])',
+              "constants written with repr", "17.9"), ["17.10", "17.11"]),
+    (Mutation("17", "perf/compiler.py", "loop_source", '"inner": "p{k}[j]"', '"inner": "p{k}[i]"',
+              "an inner argument read at the output's index", "17.10"), ["17.9", "17.11"]),
+], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "quantize-floor",
+        "dead-code-elimination", "c-constant-repr", "loop-inner-index"])
 def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
     got = verdicts(mutation.module, mutated(mutation), [mutation.exercise, *others])
     assert got[mutation.exercise], f"{mutation.why}: not caught by Exercise {mutation.exercise}"
@@ -349,38 +408,111 @@ LATER = [  # realistic one-line bugs of modules 12, 14-16 and 19 (their probes c
     Mutation("19", "perf/benchmark.py", "pareto_front", "np.any(c[:, None, :] < c[None, :, :], axis=2)",
              "np.all(c[:, None, :] < c[None, :, :], axis=2)", "strictly better required in every objective", "19.4"),
 ]
-ACC, KV, SRV = "perf/acceleration.py", "perf/kv_cache.py", "serving/server.py"
+COMPILER, KERNELS, BACKENDS = "perf/compiler.py", "perf/kernels.py", "perf/backends.py"  # module 17's three files
+KV, SRV = "perf/kv_cache.py", "serving/server.py"
 LATER += [  # modules 17, 18 and 20
-    Mutation("17", ACC, "dead_code_elimination", "for n in reversed(graph.nodes):", "for n in graph.nodes:",
-             "DCE walks forwards: the producers of an output's arguments are dropped", "17.1"),
-    Mutation("17", ACC, "dead_code_elimination", "live.update(n.args)", "live.update(n.args[:1])",
-             "DCE keeps only the first argument's producer alive", "17.1"),
-    Mutation("17", ACC, "constant_fold", "args = tuple(rename.get(a, a) for a in n.args)", "args = n.args",
-             "uses of a folded node not renamed (chained folds break)", "17.2"),
-    Mutation("17", ACC, "constant_fold", "out.outputs = [rename.get(o, o) for o in graph.outputs]",
-             "out.outputs = list(graph.outputs)", "a folded output keeps its old name", "17.2"),
-    Mutation("17", ACC, "common_subexpression_elimination", "key = (n.op, args, _attr_key(n.attrs))",
-             "key = (n.op, args)", "CSE key without the attrs (sum over axis 0 merged with axis 1)", "17.3"),
-    Mutation("17", ACC, "common_subexpression_elimination", "args = tuple(rename.get(a, a) for a in n.args)",
-             "args = n.args", "CSE does not cascade (arguments not renamed)", "17.3"),
-    Mutation("17", ACC, "fusion_groups", "uses[a] == 1 and a not in outputs", "uses[a] == 1",
-             "a graph output fused inside a group", "17.4"),
-    Mutation("17", ACC, "fusion_groups", "uses[a] == 1 and", "uses[a] >= 1 and",
-             "a producer with several consumers fused into one of them", "17.4"),
-    Mutation("17", ACC, "fusion_groups", "for a in set(n.args):", "for a in n.args:",
-             "uses counted per argument slot (x * x counts x twice)", "17.4"),
-    Mutation("17", ACC, "c_expression", '"(1.0f / (1.0f + expf(-{a})))"', '"(1.0f / (1.0f + expf({a})))"',
-             "sigmoid with e^a instead of e^-a", "17.5"),
-    Mutation("17", ACC, "c_expression", '"abs": "fabsf({a})"', '"abs": "abs({a})"',
-             "C's integer abs on a float (truncates)", "17.5"),
-    Mutation("17", ACC, "naive_matmul", "float(a[i, p]) * float(b[p, j])", "float(a[i, p]) * float(b[j, p])",
-             "B indexed transposed", "17.6"),
-    Mutation("17", ACC, "naive_matmul", "for p in range(k):", "for p in range(k - 1):",
-             "inner loop one short", "17.6"),
-    Mutation("17", ACC, "block_size_for", "cache_bytes // (3 * itemsize)", "cache_bytes // (2 * itemsize)",
-             "tiles of A and B only (C's tile forgotten)", "17.7"),
-    Mutation("17", ACC, "block_size_for", "1 << (t.bit_length() - 1)", "1 << t.bit_length()",
-             "power of two rounded up (the tiles no longer fit)", "17.7"),
+    # module 17: kernels
+    Mutation("17", KERNELS, "naive_matmul", "float(a[i, p]) * float(b[p, j])", "float(a[i, p]) * float(b[j, p])",
+             "B indexed transposed", "17.1"),
+    Mutation("17", KERNELS, "naive_matmul", "for p in range(k):", "for p in range(k - 1):",
+             "inner loop one short", "17.1"),
+    Mutation("17", KERNELS, "block_size_for", "cache_bytes // (3 * itemsize)", "cache_bytes // (2 * itemsize)",
+             "tiles of A and B only (C's tile forgotten)", "17.2"),
+    Mutation("17", KERNELS, "block_size_for", "1 << (t.bit_length() - 1)", "1 << t.bit_length()",
+             "power of two rounded up (the tiles no longer fit)", "17.2"),
+    Mutation("17", KERNELS, "blocked_matmul", "out[i:i + t, j:j + t] += a_tile @", "out[i:i + t, j:j + t] = a_tile @",
+             "each tile step overwrites C's tile instead of adding to it", "17.3"),
+    Mutation("17", KERNELS, "blocked_matmul", "a_tile @ b[p:p + t, j:j + t]", "a_tile @ b[j:j + t, p:p + t]",
+             "the tile of B taken at (j, p) instead of (p, j)", "17.3"),
+    Mutation("17", KERNELS, "blocked_matmul", "for p in range(0, k, t):", "for p in range(0, k - t + 1, t):",
+             "the last, partial tile of the shared axis dropped", "17.3"),
+    # module 17: passes
+    Mutation("17", COMPILER, "dead_code_elimination", "for n in reversed(graph.nodes):", "for n in graph.nodes:",
+             "DCE walks forwards: the producers of an output's arguments are dropped", "17.4"),
+    Mutation("17", COMPILER, "dead_code_elimination", "live.update(n.args)", "live.update(n.args[:1])",
+             "DCE keeps only the first argument's producer alive", "17.4"),
+    Mutation("17", COMPILER, "dead_code_elimination", "if c in live}", "if c in live or c.startswith('c')}",
+             "unused constants kept", "17.4"),
+    Mutation("17", COMPILER, "constant_fold", "args = tuple(rename.get(a, a) for a in n.args)", "args = n.args",
+             "uses of a folded node not renamed (chained folds break)", "17.5"),
+    Mutation("17", COMPILER, "constant_fold", "out.outputs = [rename.get(o, o) for o in graph.outputs]",
+             "out.outputs = list(graph.outputs)", "a folded output keeps its old name", "17.5"),
+    Mutation("17", COMPILER, "constant_fold", "math.prod(n.shape) <= FOLD_LIMIT", "math.prod(n.shape) < FOLD_LIMIT",
+             "off by one at the folding limit (a result of exactly FOLD_LIMIT elements kept)", "17.5"),
+    Mutation("17", COMPILER, "constant_fold", "all(a in constants for a in args)", "any(a in constants for a in args)",
+             "a node with one constant argument folded", "17.5"),
+    Mutation("17", COMPILER, "common_subexpression_elimination", "key = (n.op, args, attr_key(n.attrs))",
+             "key = (n.op, args)", "CSE key without the attrs (sum over axis 0 merged with axis 1)", "17.6"),
+    Mutation("17", COMPILER, "common_subexpression_elimination", "args = tuple(rename.get(a, a) for a in n.args)",
+             "args = n.args", "CSE does not cascade (arguments not renamed)", "17.6"),
+    Mutation("17", COMPILER, "attr_key", "return (type(v).__name__, v)", "return v",
+             "numbers keyed by value: True and 1 (and x * 2 on int8 with x * True) merge", "17.6"),
+    Mutation("17", COMPILER, "attr_key", 'return ("float", v.hex())', "return v",
+             "floats keyed by value: 0.0 and -0.0, 2.0 and 2 merge (x * 2 and x * 2.0 on int8: the CSE bug)", "17.6"),
+    Mutation("17", COMPILER, "attr_key", "return (type(v).__name__,) + tuple(", "return tuple(",
+             "a list and a tuple with equal items share a key", "17.6"),
+    # module 17: fusion
+    Mutation("17", COMPILER, "fusion_groups", "uses[a] == 1 and a not in outputs", "uses[a] == 1",
+             "a graph output fused inside a group", "17.7"),
+    Mutation("17", COMPILER, "fusion_groups", "uses[a] == 1 and", "uses[a] >= 1 and",
+             "a producer with several consumers fused into one of them", "17.7"),
+    Mutation("17", COMPILER, "fusion_groups", "for a in set(n.args):", "for a in n.args:",
+             "uses counted per argument slot (x * x counts x twice)", "17.7"),
+    Mutation("17", COMPILER, "fuse_elementwise", "elif n.name == group[-1]:", "elif n.name == group[0]:",
+             "the fused node put where the group's first node was (before values it reads)", "17.8"),
+    Mutation("17", COMPILER, "fuse_elementwise", "tuple(local.get(a, a) for a in m.args)", "m.args",
+             "the body still reads the outside names, not its params", "17.8"),
+    Mutation("17", COMPILER, "fuse_elementwise", "for a in m.args if a not in inside", "for a in m.args",
+             "values made inside the group taken as arguments too", "17.8"),
+    Mutation("17", COMPILER, "fuse_elementwise", "n.shape, n.dtype, body))", "members[0].shape, members[0].dtype, body))",
+             "the fused node typed like the group's first node, not its root", "17.8"),
+    # module 17: code generation
+    Mutation("17", COMPILER, "c_expression", '"(1.0f / (1.0f + expf(-{a})))"', '"(1.0f / (1.0f + expf({a})))"',
+             "sigmoid with e^a instead of e^-a", "17.9"),
+    Mutation("17", COMPILER, "c_expression", '"abs": "fabsf({a})"', '"abs": "abs({a})"',
+             "C's integer abs on a float (truncates)", "17.9"),
+    Mutation("17", COMPILER, "c_expression", 'c_literal(attrs["other"])', 'repr(attrs["other"])',
+             "a constant written with repr: a C double (0.1 is not 0.1f)", "17.9"),
+    Mutation("17", COMPILER, "c_expression", '"relu": "({a} < 0.0f ? 0.0f : {a})"', '"relu": "fmaxf({a}, 0.0f)"',
+             "relu with fmaxf: a NaN becomes 0 (np.maximum keeps it)", "17.9"),
+    Mutation("17", COMPILER, "c_expression", '''return f"({a} {dict(add='+', sub='-', mul='*', div='/')[op]} {b})"''',
+             '''return f"{a} {dict(add='+', sub='-', mul='*', div='/')[op]} {b}"''',
+             "a binary op not parenthesised (v0 - (v1 + v1) becomes v0 - v1 + v1)", "17.9"),
+    Mutation("17", COMPILER, "c_literal", 'return "INFINITY" if v > 0 else "(-INFINITY)"', 'return "INFINITY"',
+             "minus infinity written as infinity", "17.9"),
+    Mutation("17", COMPILER, "loop_source", '"inner": "p{k}[j]"', '"inner": "p{k}[i]"',
+             "an inner (bias) argument read at the output's index: past its end", "17.10"),
+    Mutation("17", COMPILER, "loop_source", 'f"            out[i] = {steps[-1][0]};"', 'f"            out[i] = {steps[0][0]};"',
+             "the first step stored instead of the last", "17.10"),
+    Mutation("17", COMPILER, "loop_source", 'f"            const int64_t i = o * {inner} + j;"',
+             'f"            const int64_t i = o + j;"', "blocks overlap: the block offset not scaled by inner", "17.10"),
+    Mutation("17", COMPILER, "index_kinds", "and inner in (None, math.prod(trimmed))", "",
+             "two inner arguments of different sizes both read as inner", "17.10"),
+    Mutation("17", COMPILER, "index_kinds", "while trimmed and trimmed[0] == 1:", "while False:",
+             "a (1, 5) bias not seen as the output's last axis (copied)", "17.10"),
+    # module 17: guards and dispatch
+    Mutation("17", COMPILER, "CompiledFunction.__call__", "key = tuple((t.shape, t.dtype.str) for t in tensors)",
+             "key = tuple(t.shape for t in tensors)", "guards without the dtype (an int64 plan serves float32)", "17.11"),
+    Mutation("17", COMPILER, "CompiledFunction.__call__", "results = tuple(Tensor(o, dtype=o.dtype) for o",
+             "results = tuple(Tensor(o) for o", "outputs rewrapped with the default dtype (float64 comes back float32)",
+             "17.11"),
+    Mutation("17", COMPILER, "CompiledFunction.__call__", "            self.retraces_on_path += 1\n", "",
+             "a retrace for a changed branch not counted", "17.11"),
+    Mutation("17", COMPILER, "CompiledFunction.__call__", "if any(python_value(", "if all(python_value(",
+             "a path change noticed only when every guard changed", "17.11"),
+    Mutation("17", BACKENDS, "SizeDispatch.matmul", "return self._pick(n * a.shape[-1] * m)", "return self._pick(n * m)",
+             "a product's work without its shared axis k", "17.12"),
+    Mutation("17", BACKENDS, "SizeDispatch.binary", "max(np.size(a), np.size(b))", "np.size(a)",
+             "an elementwise op's work from its first operand only", "17.12"),
+    Mutation("17", BACKENDS, "measure_threshold", "<= time(lambda: large.matmul(a, b))",
+             "< time(lambda: large.matmul(a, b))", "a tie counted as a loss of small", "17.12"),
+    Mutation("17", BACKENDS, "measure_threshold", "best = n ** 3", "best = n ** 3\n        else:\n            break",
+             "the search stops at small's first loss (a larger size that wins is never tried)", "17.12"),
+    # module 17: in-place ReLU
+    Mutation("17", KERNELS, "relu_", "return t.mul_(t.data > 0)", "return Tensor(np.maximum(t.data, 0))",
+             "a new tensor returned (not in place)", "17.13"),
+    Mutation("17", KERNELS, "relu_", "return t.mul_(t.data > 0)", "t.data[t.data < 0] = 0\n    return t",
+             "written through .data: the version counter misses the change", "17.13"),
     Mutation("18", KV, "KVCache.update", "self.k[:, :, start:end] = k", "self.k[:, :, :k.shape[2]] = k",
              "new keys written at position 0 instead of seq_len", "18.1"),
     Mutation("18", KV, "KVCache.update", "Tensor(self.k[:, :, :end])", "Tensor(self.k[:, :, start:end])",
@@ -451,15 +583,20 @@ def mutated(m: Mutation) -> str:
     """Module m.module's exported solution with `m` applied (the harness of tests/support/mutation.py)."""
     module = MODULES[m.module]
     text = exported(nbs.read(module.notebook))
+    files = dict(getattr(text, "files", None) or {plan(m.module).package_rel: text})
+    assert f"tinytorch/{m.file}" in files, (m.file, sorted(files))
     with tempfile.TemporaryDirectory(prefix="tito-mutant-") as tmp:
         pkg = Path(tmp) / "tinytorch"
         target = pkg / m.file
         target.parent.mkdir(parents=True)
-        rel = plan(m.module).package_rel
-        assert rel == f"tinytorch/{m.file}", (rel, m.file)
-        target.write_text(text, encoding="utf-8")
+        target.write_text(files[f"tinytorch/{m.file}"], encoding="utf-8")
         apply_mutation(pkg, m)
-        return target.read_text(encoding="utf-8")
+        files[f"tinytorch/{m.file}"] = target.read_text(encoding="utf-8")
+    if len(files) == 1:
+        return next(iter(files.values()))
+    out = Exported(files[plan(m.module).package_rel])
+    out.files = files
+    return out
 
 
 @pytest.mark.slow

@@ -48,9 +48,14 @@ Before the first entry the worker is started once in the sandbox (`Runner.prefli
 start, one line says why and what to do, as grading's preflight does. The sandbox's environment holds
 only PATH, LANG, HOME (its private /tmp), PYTHONPATH and the thread settings.
 
-Accepted entries that ran every input are ranked by the sum of their median times over the task's
-inputs ("total"), with GFLOP/s (the task's operation count over that total) and the speedup over the
-NumPy reference measured in the same run. The leaderboard is written atomically (a temporary file,
+Each timed repeat of an entry is paired with a repeat of the task's NumPy kernel (the reference file of the
+course's competition/ folder), timed in turns in the same process (the order swapped every repeat), so
+that the machine's load hits both alike. Accepted entries that ran every input are ranked by the sum of
+their median times over the task's inputs ("total"), with GFLOP/s (the task's operation count over that
+total) and "vs NumPy": the NumPy kernel's total over the entry's, with the 95% bootstrap interval of that
+ratio over the paired repeats and a verdict with three outcomes (faster or slower when the whole interval
+says so, else too noisy to tell; fewer than 3 repeats measure no spread). A `--quick` run (small inputs,
+where a call's overhead is most of its time) is ordered but not ranked. The leaderboard is written atomically (a temporary file,
 then `os.replace`) as JSON and as a Markdown table next to it. Running again with the same leaderboard
 file merges by submission name: an entry measured now replaces the entry of that name, entries not run
 now are kept with their date, and all are ranked together -- but only when the machine (CPU model,
@@ -81,7 +86,19 @@ from .course import CourseError
 from .progress import atomic_write_text  # a temporary file, fsync, os.replace
 
 FORMAT = "tinytorch-leaderboard/1"
-KERNELS = Path(__file__).resolve().parent / "compete_kernels"
+# The baselines and example submissions: files of the course (competition/), beside the modules that
+# write what they import (tinytorch), not in tito, which imports the package only through its probes.
+KERNELS = Path(__file__).resolve().parent.parent / "competition"
+
+
+def kernels_dir() -> Path:
+    "The course's competition/ folder (this checkout's, else the one beside tito); CourseError when there is none."
+    root = course_root()
+    for d in ([root / "competition"] if root else []) + [KERNELS]:
+        if d.is_dir():
+            return d
+    raise CourseError("the competition's baselines and examples live in the course's competition/ folder, and there is "
+                      "none here: run `tito compete` inside a TinyTorch checkout or student edition")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
@@ -89,7 +106,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BL
 @dataclass(frozen=True)
 class Baseline:
     name: str
-    file: str  # in tito/compete_kernels
+    file: str  # in the course's competition/ folder
     kind: str = "baseline"  # or "reference"
     max_flops: float | None = None  # only the inputs of at most this many operations (naive loops)
 
@@ -446,6 +463,10 @@ class Runner:
                 work = Path(tmp) / phase
                 work.mkdir()
                 job = {**base, "phase": phase, "out": str(work)}
+                if phase == "timing":  # the task's NumPy kernel, timed in turns with this entry (in its folder)
+                    ref = next(b for b in task.baselines if b.kind == "reference")
+                    shutil.copyfile(kernels_dir() / ref.file, work / "reference_kernel.py")
+                    job["reference_file"] = str(work / "reference_kernel.py")
                 code, tail = self._spawn(job, work, deadline, Path(file).resolve())
                 try:  # what the worker left: unreadable only if the submission tampered with it
                     why = self._failure(cases, work, code, tail, kind)
@@ -468,6 +489,7 @@ class Runner:
                     return entry
         for case, t in zip(cases, timings):
             entry["cases"].append({"case": list(case), "input": task.describe(case), "median_s": t["median"],
+                                   "times_s": list(t["times"]), "reference_times_s": list(t.get("reference_times") or []),
                                    "best_s": t["best"], "repeats": len(t["times"]), "calls_per_repeat": t["number"],
                                    "gflops": task.flops(case) / t["median"] / 1e9})
         entry["status"] = "accepted"
@@ -613,25 +635,98 @@ def _comparable(old: dict, new: dict) -> str:
     return ""
 
 
+CONFIDENCE = 0.95  # of the interval of a speedup
+MIN_REPEATS = 3  # fewer timed repeats give no spread to judge a speedup by
+
+
+def paired_times(entry: dict) -> list | None:
+    """[(the entry's repeat times, the NumPy kernel's repeat times)] per input, timed in turns in the entry's own
+    process (tito.competition_worker); None for an entry measured without them (an older leaderboard)."""
+    pairs = [(np.asarray(c.get("times_s") or [], float), np.asarray(c.get("reference_times_s") or [], float))
+             for c in entry["cases"]]
+    return pairs if pairs and all(len(a) and len(a) == len(b) for a, b in pairs) else None
+
+
+def speedup_of(entry: dict, ref_case: dict) -> float | None:
+    """The NumPy kernel's total time over `entry`'s: from the repeats timed in turns with it where the entry has
+    them, else from the reference entry's medians (`ref_case`: input -> median seconds)."""
+    pairs = paired_times(entry)
+    if pairs is not None:
+        return sum(float(np.median(b)) for _, b in pairs) / sum(float(np.median(a)) for a, _ in pairs)
+    if ref_case and all(tuple(c["case"]) in ref_case for c in entry["cases"]):
+        return sum(ref_case[tuple(c["case"])] for c in entry["cases"]) / entry["total_s"]
+    return None
+
+
+def speedup_interval(entry: dict, n_boot: int = 2000, seed: int = 0) -> tuple | None:
+    """(low, high): the CONFIDENCE bootstrap interval of the NumPy kernel's total time over `entry`'s, from the
+    repeats the two were timed in turns (`paired_times`): each bootstrap sample draws repeats with replacement,
+    the same ones for both (a moment of load hits both), and takes the ratio of the sums over the inputs of their
+    medians. None with fewer than MIN_REPEATS repeats (no spread measured) or without paired times."""
+    pairs = paired_times(entry)
+    if pairs is None or any(len(a) < MIN_REPEATS for a, _ in pairs):
+        return None
+    rng = np.random.default_rng(seed)
+    own, numpy_ = np.zeros(n_boot), np.zeros(n_boot)
+    for a, b in pairs:
+        idx = rng.integers(0, len(a), (n_boot, len(a)))
+        own += np.median(a[idx], axis=1)
+        numpy_ += np.median(b[idx], axis=1)
+    tail = 50 * (1 - CONFIDENCE)
+    bounds = np.percentile(numpy_ / own, [tail, 100 - tail])
+    return tuple(float(b) for b in bounds)
+
+
+def speed_verdict(interval: tuple | None, repeats: int | None = None) -> str:
+    """Three outcomes, as the course judges a speed (module 19's intervals): 'faster' than the reference when the
+    whole interval of the speedup is above 1, 'slower' when it is below 1, else 'too noisy to tell'."""
+    if interval is None:
+        return f"too noisy to tell (fewer than {MIN_REPEATS} repeats: no spread measured; use --repeats {MIN_REPEATS} or more)"
+    low, high = interval
+    return "faster" if low > 1 else "slower" if high < 1 else "too noisy to tell"
+
+
 def rank(board: dict) -> dict:
     """Order the entries (ranked: accepted on every input, by total time; then partial; then rejected)
-    and set each one's rank and speedup over the reference entry."""
+    and set each one's rank and speedup over the reference entry, with its interval and verdict
+    (`speedup_interval`, `speed_verdict`). A quick run (`board['quick']`, small inputs) is ordered but
+    not ranked: at those sizes a call's overhead is most of its time."""
     ref = next((e for e in board["entries"] if e["kind"] == "reference" and e["status"] == "accepted"), None)
     ref_case = {tuple(c["case"]): c["median_s"] for c in ref["cases"]} if ref else {}
     for e in board["entries"]:
-        e["speedup"] = None
-        if e["status"] == "accepted" and ref_case and all(tuple(c["case"]) in ref_case for c in e["cases"]):
-            e["speedup"] = sum(ref_case[tuple(c["case"])] for c in e["cases"]) / e["total_s"]
+        e["speedup"] = e["speedup_interval"] = e["verdict"] = None
+        if e["status"] != "accepted":
+            continue
+        if e is ref:
+            e["speedup"], e["verdict"] = 1.0, "the reference"
+            continue
+        e["speedup"] = speedup_of(e, ref_case)
+        if e["speedup"] is not None:
+            interval = speedup_interval(e)
+            e["speedup_interval"] = list(interval) if interval else None
+            e["verdict"] = speed_verdict(interval)
     ranked = sorted((e for e in board["entries"] if e["status"] == "accepted" and e["complete"]),
                     key=lambda e: e["total_s"])
     partial = [e for e in board["entries"] if e["status"] == "accepted" and not e["complete"]]
     rejected = sorted((e for e in board["entries"] if e["status"] != "accepted"), key=lambda e: e["name"])
     for i, e in enumerate(ranked):
-        e["rank"] = i + 1
+        e["rank"] = None if board.get("quick") else i + 1
     for e in partial + rejected:
         e["rank"] = None
     board["entries"] = ranked + partial + rejected
     return board
+
+
+def speedup_text(e: dict) -> str:
+    "'2.1x (2.0-2.3): faster', '1.07x (0.91-1.25): too noisy to tell', '1x (the reference)', or '-'."
+    if not e.get("speedup"):
+        return "-"
+    if e.get("verdict") == "the reference":
+        return f"{e['speedup']:.3g}x (the reference)"
+    interval = e.get("speedup_interval")
+    span = f" ({interval[0]:.3g}-{interval[1]:.3g})" if interval else ""
+    verdict = (e.get("verdict") or "").split(" (")[0]
+    return f"{e['speedup']:.3g}x{span}" + (f": {verdict}" if verdict else "")
 
 
 def merge(old: dict | None, new: dict) -> tuple[dict, str]:
@@ -679,13 +774,13 @@ def rows(board: dict) -> list[list[str]]:
         if e["status"] == "accepted":
             result = "accepted" if e["complete"] else f"accepted ({len(e['cases'])} of {len(board['cases'])} inputs: unranked)"
             out.append([str(e["rank"] or "-"), e["name"], result, fmt_time(e["total_s"]), f"{e['gflops']:.3g}",
-                        f"{e['speedup']:.3g}x" if e["speedup"] else "-"])
+                        speedup_text(e)])
         else:
             out.append(["-", e["name"], f"rejected: {e['reason']}", "-", "-", "-"])
     return out
 
 
-HEADER = ["#", "submission", "result", "total (median)", "GFLOP/s", "vs NumPy"]
+HEADER = ["#", "submission", "result", "total (median)", "GFLOP/s", "vs NumPy (95% interval)"]
 
 
 def markdown(board: dict) -> str:
@@ -695,7 +790,11 @@ def markdown(board: dict) -> str:
              f"Inputs: {'; '.join(board['cases'])}. Tolerance: {board['tolerance']}.", "",
              f"Updated {board['updated']} on {m['cpu']} ({m['cores']} cores, {m['threads']} thread(s) per kernel), "
              f"NumPy {m['numpy']}. Total = the sum over the inputs of each kernel's median time "
-             f"(tinytorch.perf.measure.time_call, {board['repeats']} repeats after warmup).", "",
+             f"(tinytorch.perf.measure.time_call, {board['repeats']} repeats after warmup). vs NumPy: the NumPy "
+             f"kernel's total time over the entry's, both timed in turns in the entry's process, with the "
+             f"{CONFIDENCE:.0%} bootstrap interval of that ratio over the repeats, and its verdict: faster or slower "
+             f"when the whole interval is above or below 1, else too noisy to tell." + (" A quick run (small inputs, where a call's overhead is most of its time) is not "
+                                  "ranked." if board.get("quick") else ""), "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in rows(board):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
@@ -713,6 +812,7 @@ def new_board(runner: Runner) -> dict:
     task = runner.task
     return {"format": FORMAT, "task": task.name, "signature": task.signature, "tolerance": task.tolerance,
             "cases": [task.describe(c) for c in runner.cases], "repeats": runner.repeats,
+            "quick": tuple(runner.cases) == tuple(task.quick_cases),
             "machine": machine_info(runner.threads), "updated": now(), "entries": []}
 
 
@@ -726,7 +826,7 @@ def competition(path: Path, task: Task, runner: Runner, out: Path, baselines: bo
     old = load_board(out)
     runner.preflight()
     board = new_board(runner)
-    todo = [(b.name, KERNELS / b.file, b.kind, b.max_flops) for b in task.baselines] if baselines else []
+    todo = [(b.name, kernels_dir() / b.file, b.kind, b.max_flops) for b in task.baselines] if baselines else []
     todo += [(f.stem, f, "submission", None) for f in files]
     for name, file, kind, max_flops in todo:
         if on_entry:
@@ -754,6 +854,6 @@ def write_examples(folder: Path, task: Task, force: bool = False) -> list[Path]:
         dest = folder / name
         if dest.exists() and not force:
             raise CourseError(f"{dest} exists; pass --force to overwrite it, or choose another folder")
-        shutil.copyfile(KERNELS / src, dest)
+        shutil.copyfile(kernels_dir() / src, dest)
         written.append(dest)
     return written

@@ -10,7 +10,8 @@ process checks them against its own reference: a submission cannot change how it
 `preflight`: imports what the other phases need, nothing of a submission (`tito compete run` checks
 that the worker starts in its sandbox before any submission runs).
 `timing`: times the function on each case with `tinytorch.perf.measure.time_call` and writes
-`out/timing.json`. Before every call, one element of the first input is changed (restoring the one
+`out/timing.json`; with `reference_file` (the task's NumPy kernel) each timed repeat of the submission
+follows one of the reference, in this process, so that their ratio is measured in turns. Before every call, one element of the first input is changed (restoring the one
 changed before: tito.competition.perturbation), so that no two calls see the same inputs; the results
 of some calls (the last warmup call, the last call of each calibration round and of each timed repeat)
 are kept and saved as `out/check_I_K.npy` (K: the call's number) for the parent to check against the
@@ -66,16 +67,34 @@ def save(out: Path, stem: str, result) -> None:
                                                       else "ndarray of Python objects"}))
 
 
-def timed(fn, inputs: list, args: tuple, job: dict) -> tuple[dict, dict]:
+def calibrate(call, min_repeat_time: float, before=None) -> int:
+    "time_call's number of calls per repeat: quadrupled from 1 until a repeat lasts `min_repeat_time` (`before(k)` first)."
+    import time
+
+    number = 1
+    while True:
+        if before:
+            before(number)
+        t0 = time.perf_counter()
+        for _ in range(number):
+            call()
+        if time.perf_counter() - t0 >= min_repeat_time or number >= 1 << 20:
+            return number
+        number *= 4
+
+
+def timed(fn, inputs: list, args: tuple, job: dict, reference=None) -> tuple[dict, dict]:
     """Time `fn` on `inputs` by time_call's rules (warmup calls, `number` calls per repeat found by
     quadrupling until a repeat lasts `min_repeat_time`, `repeats` repeats with the garbage collector
-    paused), one element of inputs[0] changed before each call. Returns (the timing record, {call
-    number: result kept})."""
+    paused), one element of inputs[0] changed before each call. With `reference` (the task's NumPy
+    kernel), each repeat of `fn` follows one repeat of `reference` on a copy of the inputs, changed the
+    same way (in turns: a change of the machine's load hits both, so their ratio is fair). Returns
+    (the timing record, {call number: result kept})."""
     import time
 
     import numpy as np
 
-    from tinytorch.perf.measure import time_call
+    from tinytorch.perf.measure import Timing, time_call
     from tito.competition import perturb_scale, perturbation
 
     flat = inputs[0].reshape(-1)  # a view: the inputs are C-contiguous
@@ -99,17 +118,32 @@ def timed(fn, inputs: list, args: tuple, job: dict) -> tuple[dict, dict]:
     check.add(job["warmup"] - 1)
     for _ in range(job["warmup"]):
         call()
-    number = 1
-    while True:  # the calibration of time_call, with the last call of each round kept
-        check.add(k + number)
-        t0 = time.perf_counter()
-        for _ in range(number):
-            call()
-        if time.perf_counter() - t0 >= job["min_repeat_time"] or number >= 1 << 20:
-            break
-        number *= 4
+    # the calibration of time_call, with the last call of each round kept
+    number = calibrate(call, job["min_repeat_time"], before=lambda n: check.add(k + n))
     check.update(k + (r + 1) * number for r in range(job["repeats"]))
-    t = time_call(call, warmup=0, repeats=job["repeats"], number=number)
+    ref_times, ref_call = [], None
+    if reference is not None:
+        ref_inputs = [x.copy() for x in inputs]
+        ref_flat, ref_k, ref_prev = ref_inputs[0].reshape(-1), [-1], [0]
+        ref_base = ref_flat.copy()
+
+        def ref_call():
+            ref_k[0] += 1
+            ref_flat[ref_prev[0]] = ref_base[ref_prev[0]]
+            ref_prev[0], v = perturbation(ref_k[0], size, scale)
+            ref_flat[ref_prev[0]] = v
+            reference(*ref_inputs)
+        for _ in range(job["warmup"]):
+            ref_call()
+        ref_number = calibrate(ref_call, job["min_repeat_time"])
+    times = []
+    for r in range(job["repeats"]):  # in turns, the order swapped every repeat (ABBA: neither always goes first)
+        if ref_call is not None and r % 2 == 0:
+            ref_times.append(time_call(ref_call, warmup=0, repeats=1, number=ref_number).times[0])
+        times.append(time_call(call, warmup=0, repeats=1, number=number).times[0])
+        if ref_call is not None and r % 2 == 1:
+            ref_times.append(time_call(ref_call, warmup=0, repeats=1, number=ref_number).times[0])
+    t = Timing(tuple(times), number)
     flat[prev] = base[prev]
     changed = [a for a, x, y in zip(args, [flat, *inputs[1:]], [base, *others]) if not np.array_equal(x, y, equal_nan=True)]
     # a result that shares memory with a later one was overwritten by that call (a kernel reusing its
@@ -119,7 +153,7 @@ def timed(fn, inputs: list, args: tuple, job: dict) -> tuple[dict, dict]:
         if any(np.may_share_memory(r, later) for _, later in arrays[n + 1:]):
             del kept[c]
     record = {"times": list(t.times), "number": t.number, "median": t.median, "best": t.best, "calls": k + 1,
-              "checked": sorted(kept), "wrote_input": changed[0] if changed else None}
+              "checked": sorted(kept), "wrote_input": changed[0] if changed else None, "reference_times": ref_times}
     return record, kept
 
 
@@ -147,6 +181,8 @@ def main() -> int:
     except BaseException as e:  # the submission's module: anything may come out of it
         (out / "error.json").write_text(json.dumps({"stage": "import", **_error(e, job["file"])}))
         return 0
+    # the task's NumPy kernel (a copy of the course's, written by the parent into this job's folder): timed in turns
+    reference = load(job["reference_file"], task.func) if job.get("reference_file") else None
     timings = []
     for i, case in enumerate(job["cases"]):
         inputs = task.inputs(tuple(case), job["seed"])
@@ -161,7 +197,7 @@ def main() -> int:
                 else:
                     save(out, f"result_{i}", result)
             else:
-                record, kept = timed(fn, inputs, task.args, job)
+                record, kept = timed(fn, inputs, task.args, job, reference)
                 for k in record["checked"]:
                     save(out, f"check_{i}_{k}", kept[k])
                 del kept

@@ -2,7 +2,7 @@
 
 Everything here is read from files, never restated: module numbers and names come from the folder
 names under `modules/`, titles and prerequisites from each folder's `module.toml`, the package path
-from the notebook's `#| default_exp` directive, course settings from `settings.ini`.
+from the notebook's `#| default_exp` directive (and `#| export_to NAME` cells), course settings from `settings.ini`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ MODULE_DIR_RE = re.compile(r"^(\d{2})_([a-z0-9_]+)$")
 # What a solution region becomes in the student release (nbgrader's stub, set explicitly everywhere).
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 STUB_MARKER = "YOUR CODE HERE"
+# `#| export_to perf.kernels`: a cell exported to another package file than the notebook's default_exp (tito/nbexport.py)
+EXPORT_TO_RE = re.compile(r"^#\|\s*export_to\s+([\w.]+)\s*$", re.M)
 
 
 class CourseError(Exception):
@@ -112,22 +114,41 @@ class Module:
         return self.folder / f"{self.slug}.ipynb"
 
     @cached_property
-    def package_module(self) -> str | None:
-        """Dotted module the notebook exports to (`tinytorch.core.tensor`), from `#| default_exp`."""
+    def package_modules(self) -> list[str]:
+        """Every dotted module the notebook exports to, its `#| default_exp` first, then the targets of
+        `#| export_to NAME` cells in the order the notebook meets them (module 17 writes its compiler,
+        kernels and backends into three files, each named for what it holds: tito/nbexport.py)."""
         try:
             nb = json.loads(self.notebook.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return None
+            return []
+        default, others = None, []
         for cell in nb.get("cells", []):
+            if cell.get("cell_type") != "code":
+                continue
             src = "".join(cell.get("source", ""))
             m = re.search(r"^#\|\s*default_exp\s+(\S+)", src, re.M)
-            if m:
-                return f"tinytorch.{m.group(1)}"
-        return None
+            if m and default is None:
+                default = f"tinytorch.{m.group(1)}"
+            m = EXPORT_TO_RE.search(src)
+            if m and f"tinytorch.{m.group(1)}" not in others:
+                others.append(f"tinytorch.{m.group(1)}")
+        if default is None:
+            return []
+        return [default] + [o for o in others if o != default]
+
+    @property
+    def package_module(self) -> str | None:
+        """Dotted module the notebook exports to (`tinytorch.core.tensor`), from `#| default_exp`."""
+        return self.package_modules[0] if self.package_modules else None
 
     def package_file(self, root: Path) -> Path | None:
         mod = self.package_module
         return root / Path(*mod.split(".")).with_suffix(".py") if mod else None
+
+    def package_files(self, root: Path) -> list[Path]:
+        """Every package file the notebook writes: `package_file` first, then those of `#| export_to NAME` cells."""
+        return [root / Path(*mod.split(".")).with_suffix(".py") for mod in self.package_modules]
 
 
 def load_modules(root: Path) -> list[Module]:
@@ -212,10 +233,10 @@ def find_stubs(path: Path) -> list[str]:
 
 def module_stubs(root: Path, module: Module) -> list[str]:
     """Functions of `module`'s exported package file that are still stubs (empty when finished)."""
-    f = module.package_file(root)
-    if f is None or not f.exists():
+    files = module.package_files(root)
+    if not files or not files[0].exists():
         return ["<not exported yet>"]
-    return find_stubs(f)
+    return [stub for f in files for stub in find_stubs(f)]
 
 
 def edition_env(root: Path, base: dict | None = None) -> dict:

@@ -94,9 +94,9 @@ def package_path(filename: str, root: Path | None = None) -> str | None:
 def module_of(rel_path: str, modules) -> object | None:
     """The course module whose notebook exports `tinytorch/...py` (None when no notebook does)."""
     for m in modules:
-        mod = m.package_module
-        if mod and "/".join(mod.split(".")) + ".py" == rel_path:
-            return m
+        for mod in getattr(m, "package_modules", None) or [m.package_module]:
+            if mod and "/".join(mod.split(".")) + ".py" == rel_path:
+                return m
     return None
 
 

@@ -783,9 +783,8 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
     pkg = root / "tinytorch"
     excluded = set()
     for m in load_modules(root):
-        f = m.package_file(root)
-        if f is not None and m.number >= module.number:
-            excluded.add(f.resolve())
+        if m.number >= module.number:
+            excluded.update(f.resolve() for f in m.package_files(root))
     out = {}
     for p in sorted(pkg.rglob("*")):
         if not p.is_file() or "__pycache__" in p.parts or p.suffix in (".pyc",) or p.resolve() in excluded:

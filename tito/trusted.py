@@ -56,6 +56,34 @@ def package_module_name(root: Path, module: Module) -> tuple[str, str]:
     return ".".join(rel.with_suffix("").parts), str(rel)
 
 
+def exported_sources(nb, module: Module) -> tuple[dict[str, str], list[str]]:
+    """{`tinytorch/...py`: text} of every package file notebook `nb` exports (`Module.package_modules`:
+    its `#| default_exp` and the targets of `#| export_to NAME` cells), each as `P.exported_source` makes
+    the default one, and the notes of cells left out. A cell of another target is blanked (not removed:
+    the notes keep naming cells as the notebook numbers them)."""
+    from .course import EXPORT_TO_RE
+
+    targets = module.package_modules
+    if not targets:
+        raise CourseError(f"{module.slug} exports no package module (no `#| default_exp`)")
+    texts, notes = {}, []
+    for target in targets:
+        copy = nbformat.from_dict(json.loads(json.dumps(nb)))
+        for cell in copy.cells:
+            if cell.get("cell_type") != "code":
+                continue
+            m = EXPORT_TO_RE.search(cell.source)
+            owner = f"tinytorch.{m.group(1)}" if m else targets[0]
+            if owner != target:
+                cell.source, cell.metadata = "", {}
+            elif m:
+                cell.source = EXPORT_TO_RE.sub("#| export", cell.source)
+        text, skipped = P.exported_source(copy)
+        texts["/".join(target.split(".")) + ".py"] = text
+        notes += [s for s in skipped if s not in notes]
+    return texts, notes
+
+
 @dataclass
 class Plan:
     module: Module
@@ -74,26 +102,28 @@ class Plan:
         seed = new_seed() if seed is None else seed
         name, rel = package_module_name(root, module)
         # the reference: the instructor's notebook exported the way a submission is, over the course's package
-        text, skipped = P.exported_source(read_notebook(module.notebook))
+        texts, skipped = exported_sources(read_notebook(module.notebook), module)
+        text = texts[rel]
         if skipped:
             raise CourseError(f"{module.notebook}: exported cells that do not parse: {'; '.join(skipped)}")
         groups = P.groups_for(module.number)
         for g in groups:
             g["sources"] = P.reference_sources(text, g["uses"]) if g["uses"] else {}
         plan = cls(module, seed, name, rel, groups, timeout_s=timeout_s)
-        plan.reference = plan._run_reference(root, text)
+        plan.reference = plan._run_reference(root, texts)
         return plan
 
     def base(self) -> dict:
         return {"module": self.module.number, "seed": self.seed, "package_module": self.package_module}
 
-    def _run_reference(self, root: Path, text: str) -> dict[str, tuple[dict, str]]:
+    def _run_reference(self, root: Path, texts: dict[str, str]) -> dict[str, tuple[dict, str]]:
         # the reference needs no substitutes: it is the reference
         groups = [{"exercises": [e for g in self.groups for e in g["exercises"]], "sources": {}}]
         with tempfile.TemporaryDirectory(prefix="tito-reference-") as tmp:
             pkg = Path(tmp) / "pkg"
             shutil.copytree(root / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            (pkg / self.package_rel).write_text(text, encoding="utf-8")
+            for rel, text in texts.items():  # every file the module writes (tito.course.Module.package_files)
+                (pkg / rel).write_text(text, encoding="utf-8")
             env = edition_env(pkg)
             env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
             env["PYTHONPATH"] = os.pathsep.join([str(pkg), str(Path(__file__).resolve().parent.parent)])
@@ -109,9 +139,9 @@ class Plan:
 
     def job(self, nb) -> tuple[dict, list[str]]:
         """The worker's `probe` job for one submission's notebook, and notes (exported cells left out)."""
-        text, skipped = P.exported_source(nb)
+        texts, skipped = exported_sources(nb, self.module)
         return ({**self.base(), "groups": [{k: g[k] for k in ("exercises", "sources")} for g in self.groups],
-                 "files": {self.package_rel: P.b64(text.encode())}, "timeout_s": self.timeout_s},
+                 "files": {rel: P.b64(text.encode()) for rel, text in texts.items()}, "timeout_s": self.timeout_s},
                 [f"exported code: {s} (left out of the checked module)" for s in skipped])
 
     def verdicts(self, raw: dict | None) -> dict[str, str]:

@@ -5,14 +5,17 @@
 Times, in turns in one process (tests/support/bench.interleaved, best of `--rounds`):
 - eager NumPy: the chain as ten NumPy calls (each reads and writes a 64 MB array);
 - tinytorch eager: the same chain on tinytorch Tensors;
-- compiled: `tinytorch.perf.acceleration.compile` of the tinytorch chain (one fused C kernel);
+- compiled: `tinytorch.perf.compiler.compile` of the tinytorch chain (one fused C kernel);
 - torch.compile: the chain in PyTorch compiled by inductor on the CPU, `torch.set_num_threads(1)`
   (skipped with --no-torch or without torch; compiling takes ~20 s).
 Two chains: an arithmetic one (mul/add/sub/div) and one with tanh/exp. Goals (issue 17):
 compiled >= 2.5x faster than eager NumPy, and compiled time <= 1.2x torch.compile's. Then the
 matmul report (no goal, the lesson is the gap): GFLOP/s of the naive Python loops (n = 64), the
 blocked matmul with NumPy tiles (tile from the L2 size) and BLAS at n = 64 and 512 (`--no-matmul`
-skips it). Not a test: it reports, nothing fails.
+skips it). Then the kernels' compiler flags, A/B in this process: the compiled chain's kernel built
+with `C_FLAGS` (no -ffast-math: NaN and infinity as in NumPy, vector exp/tanh declared by
+`vector_math_prelude`) and the same source built with -ffast-math (the flags before issue 31), timed
+in turns (`--no-flags` skips it). Not a test: it reports, nothing fails.
 """
 from __future__ import annotations
 
@@ -31,10 +34,11 @@ import numpy as np  # noqa: E402
 
 from tests.support.bench import interleaved  # noqa: E402
 from tinytorch.core.tensor import Tensor  # noqa: E402
-from tinytorch.perf.acceleration import (  # noqa: E402
+from tinytorch.perf import compiler as cc  # noqa: E402
+from tinytorch.perf.compiler import compile as tt_compile  # noqa: E402
+from tinytorch.perf.kernels import (  # noqa: E402
     block_size_for, blocked_matmul, cache_sizes, matmul_gflops, naive_matmul,
 )
-from tinytorch.perf.acceleration import compile as tt_compile  # noqa: E402
 from tinytorch.perf.measure import time_call  # noqa: E402
 
 
@@ -90,6 +94,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16 * 1024 * 1024)
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-matmul", action="store_true")
+    parser.add_argument("--no-flags", action="store_true", help="skip the A/B of the kernels' compiler flags")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     xa = rng.standard_normal(args.size).astype(np.float32)
@@ -138,8 +143,40 @@ def main() -> None:
         if torch is not None:
             r = ratio / best["torch.compile (inductor)"]
             print(f"  goal compiled time <= 1.2x torch.compile's: {r:.2f}x -> {'met' if r <= 1.2 else 'NOT met'}")
+        if not args.no_flags and cc.c_compiler() is not None:
+            flags_report(compiled, x, y, args.rounds)
     if not args.no_matmul:
         matmul_report()
+
+
+def flags_report(compiled, x, y, rounds: int) -> None:
+    "The chain's fused kernel built twice from one source, with C_FLAGS and with -ffast-math, timed in turns."
+    import ctypes
+
+    plan = next(iter(compiled.plans.values()))
+    node = next(n for n in plan.nodes if n.op == "fused")
+    kernel = node.attrs["kernel"]
+    if kernel.backend != "c":
+        return
+    strict = kernel.fn
+    saved = list(cc.C_FLAGS)
+    try:
+        cc.C_FLAGS[:] = [f for f in saved if f not in ("-fno-math-errno", "-ffp-contract=off")] + ["-ffast-math"]
+        fast = cc.build_c_kernel(kernel.source, kernel.name)
+    finally:
+        cc.C_FLAGS[:] = saved
+    fast.restype, fast.argtypes = None, [ctypes.c_void_p] * (len(kernel.arg_shapes) + 1) + [ctypes.c_int64]
+    out = np.empty(node.shape, np.float32)
+    a, b = np.ascontiguousarray(x.data), np.ascontiguousarray(y.data)
+    n_outer = out.size // kernel.inner
+
+    def run(fn):
+        return lambda: fn(a.ctypes.data, b.ctypes.data, out.ctypes.data, n_outer)
+    best = interleaved({"C_FLAGS (strict)": run(strict), "-ffast-math": run(fast)}, rounds)
+    s, f = best["C_FLAGS (strict)"], best["-ffast-math"]
+    print(f"  kernel flags, same source, in turns: strict {s * 1e3:.1f} ms, -ffast-math {f * 1e3:.1f} ms "
+          f"(strict / fast-math = {s / f:.2f}); {cc.C_FLAGS}"
+          + ("" if cc.vector_math_prelude() else " (no libmvec declarations here: scalar expf/tanhf)"))
 
 
 if __name__ == "__main__":

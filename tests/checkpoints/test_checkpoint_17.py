@@ -21,7 +21,7 @@ from tinytorch.core.optimizers import SGD
 from tinytorch.core.tensor import Tensor
 from tinytorch.data.loader import DataLoader, load_digits
 from tinytorch.models.gpt import GPT
-from tinytorch.perf.acceleration import compile as tt_compile
+from tinytorch.perf.compiler import compile as tt_compile
 
 pytestmark = pytest.mark.module("17")
 

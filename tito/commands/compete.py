@@ -66,7 +66,7 @@ def run(
         console.print(f"[yellow]note:[/] {escape(note)}")
     table = Table(title=f"Leaderboard: {t.name} ({board['machine']['cpu']}, {threads} thread(s))")
     for col in comp.HEADER:
-        table.add_column(col, overflow="fold", justify="right" if col in ("#", "GFLOP/s", "vs NumPy") else "left")
+        table.add_column(col, overflow="fold", justify="right" if col in ("#", "GFLOP/s") else "left")
     reasons = []
     for r in comp.rows(board):
         if r[2].startswith("rejected: "):
@@ -76,6 +76,10 @@ def run(
             r[2] = escape(r[2])
         table.add_row(escape(r[0]), escape(r[1]), r[2], *[escape(c) for c in r[3:]])
     console.print(table)
+    console.print("vs NumPy: the NumPy kernel's total time over the entry's, both timed in turns in the entry's process, with the 95% bootstrap interval of "
+                  "that ratio over the repeats: faster or slower only when the whole interval says so"
+                  + ("; this quick run (small inputs, where a call's overhead is most of the time) is not a ranking: "
+                     "run without --quick to rank" if board.get("quick") else ""), soft_wrap=True)
     for name, why in reasons:
         console.print(f"[red]rejected[/] {escape(name)}: {escape(why)}", soft_wrap=True)
     console.print(f"leaderboard: {out} and {out.with_suffix('.md')}")

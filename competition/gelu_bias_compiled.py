@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from tinytorch.core.tensor import Tensor
-from tinytorch.perf.acceleration import compile
+from tinytorch.perf.compiler import compile
 
 C = math.sqrt(2 / math.pi)
 
