@@ -213,8 +213,14 @@ return Sequential(*[a, b])
     ("09", "def conv2d_loop(", "out, _ = conv2d_forward(x, weight, bias, stride, padding)\nreturn out", ["9.1"]),
     ("13", "def sample_next(", CHOICE_SAMPLING, ["13.4"]),
     ("16", "def low_rank(", FLIPPED_SVD, ["16.4"]),
+    ("14", "def roofline(", "if np.ndim(intensity) == 0:\n    return min(float(peak_flops), float(bandwidth) * float(intensity))\n"
+     "return np.minimum(peak_flops, bandwidth * np.asarray(intensity, dtype=np.float64))", ["14.8"]),
+    ("14", "def amdahl(", "if not 0 <= fraction <= 1:\n    raise ValueError(f\"amdahl: fraction must be in [0, 1]; got {fraction}\")\n"
+     "if not speedup > 0:\n    raise ValueError(f\"amdahl: speedup must be > 0; got {speedup}\")\n"
+     "with np.errstate(divide='ignore'):\n    return np.float64(1.0) / (np.float64(1.0) - fraction + np.float64(fraction) / speedup)",
+     ["14.9"]),
 ], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col",
-        "13-sampling-with-choice", "16-svd-other-signs"])
+        "13-sampling-with-choice", "16-svd-other-signs", "14-roofline-python-floats", "14-amdahl-numpy-scalars"])
 def test_differently_written_solutions_keep_full_marks(number, marker, code, exercises):
     got = verdicts(number, with_solution(number, marker, code), exercises)
     assert all(not w for w in got.values()), got
@@ -237,9 +243,14 @@ def test_differently_written_solutions_keep_full_marks(number, marker, code, exe
     (Mutation("14", "perf/profiler.py", "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
               "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1"),
      ["14.3", "14.5"]),
+    (Mutation("14", "perf/profiler.py", "ModulePaths.pop", "self.stack.pop(", "return self.stack.pop(",
+              "pop returns the path, which replaces the module's output", "14.4"), ["14.5"]),
+    (Mutation("14", "perf/profiler.py", "roofline", "bandwidth * np.asarray(intensity",
+              "peak_flops * np.asarray(intensity", "the memory roof from the compute roof", "14.8"), ["14.9"]),
     (Mutation("15", "perf/quantization.py", "quantize", "np.rint(a * inv_scale",
               "np.floor(a * inv_scale", "quantize floors", "15.3"), ["15.5"]),
-], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "quantize-floor"])
+], ids=["merge_pair", "im2col-row-order", "masked-softmax", "layernorm-eps", "op-flops", "paths-pop",
+        "roofline", "quantize-floor"])
 def test_a_bug_is_charged_to_its_own_exercise_only(mutation, others):
     got = verdicts(mutation.module, mutated(mutation), [mutation.exercise, *others])
     assert got[mutation.exercise], f"{mutation.why}: not caught by Exercise {mutation.exercise}"
@@ -293,18 +304,38 @@ LATER = [  # realistic one-line bugs of modules 12, 14-16 and 19 (their probes c
              "12.7"),
     Mutation("14", PROF, "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
              "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1"),
+    Mutation("14", PROF, "backward_flops", "mm * factors", "mm * 2",
+             "backward counts two products even when an operand needs no gradient", "14.1"),
+    Mutation("14", PROF, "backward_flops", "list(needs_grad)[:2]", "list(needs_grad)",
+             "a convolution's bias counted as a factor of the product", "14.1"),
     Mutation("14", PROF, "op_bytes", "any(np.may_share_memory(out, a) for a in arrays)", "False",
              "views counted as reads and writes", "14.2"),
+    Mutation("14", PROF, "op_bytes", "if op in INPLACE_OPS:", "if False:",
+             "in-place ops taken for views (0 bytes)", "14.2"),
+    Mutation("14", PROF, "op_bytes", "arrays[1:] if op in OVERWRITING_OPS", "arrays[1:] if op in ()",
+             "fill_, zero_ and copy_ read the values they overwrite", "14.2"),
     Mutation("14", PROF, "FlopCounter.__call__", "entry[1] += other", "entry[1] = other",
              "other FLOPs overwritten instead of added", "14.3"),
-    Mutation("14", PROF, "ModulePaths.attach", "module.register_forward_hook(self.pop)",
+    Mutation("14", PROF, "ModulePaths.attach", "module.register_forward_hook(self.pop, always_call=True)",
              "module.register_forward_pre_hook(lambda *args: None)", "no forward hook pops the path", "14.4"),
+    Mutation("14", PROF, "ModulePaths.attach", ", always_call=True", "",
+             "pop skipped when a forward raises: the path stays on the stack", "14.4"),
+    Mutation("14", PROF, "ModulePaths.pop", "self.stack.pop(", "return self.stack.pop(",
+             "pop returns the path, which replaces the module's output", "14.4"),
     Mutation("14", PROF, "Profiler._on_op", 'self._stack[-1] if self._stack',
              'self._stack[0] if self._stack', "op charged to the outermost module", "14.5"),
     Mutation("14", PROF, "summarize", "e.bytes_read + e.bytes_written", "e.bytes_read",
              "bytes without the writes", "14.6"),
+    Mutation("14", PROF, "graph_memory", "owner = _owner(inp.data)", "owner = inp.data",
+             "a view's bytes counted as its own buffer", "14.7"),
+    Mutation("14", PROF, "graph_memory", "acts.pop(key, None)", "acts.get(key, None)",
+             "a parameter that is also saved for backward counted as an activation too", "14.7"),
+    Mutation("14", PROF, "place_on_roofline", '"memory" if memory_roof < peak_flops', '"memory" if memory_roof > peak_flops',
+             "memory and compute bound swapped", "14.8"),
+    Mutation("14", PROF, "place_on_roofline", "attained / bound)", "bound / attained)",
+             "the fraction of the roof inverted", "14.8"),
     Mutation("14", PROF, "amdahl", "(1.0 - fraction) + fraction / speedup",
-             "fraction + (1.0 - fraction) / speedup", "Amdahl with the fractions swapped", "14.7"),
+             "fraction + (1.0 - fraction) / speedup", "Amdahl with the fractions swapped", "14.9"),
     Mutation("15", QUANT, "to_bfloat16", "(u + np.uint32(0x7FFF) + last_kept_bit)",
              "u", "bf16 rounding by truncation", "15.1"),
     Mutation("15", QUANT, "GradScaler.update", "good_steps == self.growth_interval",
