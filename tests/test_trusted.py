@@ -379,6 +379,8 @@ LATER = [  # realistic one-line bugs of modules 12, 14-16 and 19 (their probes c
              "calibrated in training mode", "15.9"),
     Mutation("15", QUANT, "quantize_model", "obs_out.qparams(act_dtype)", "obs_in.qparams(act_dtype)",
              "output parameters taken from the input observer", "15.9"),
+    Mutation("15", QUANT, "model_nbytes", "counted.update(id(p) for p in m.parameters())", "counted.update(())",
+             "a packed layer's float latent weights counted too", "15.9"),
     Mutation("15", QUANT, "ternarize", "np.clip(np.rint(a / scale), -1, 1)",
              "np.sign(a)", "binarized instead of ternarized (no zeros)", "15.10"),
     Mutation("16", COMP, "magnitude_mask", "np.argpartition(np.abs(w).ravel(), k - 1)",

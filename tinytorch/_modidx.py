@@ -1325,6 +1325,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'tinytorch/perf/quantization.py'),
                                              'tinytorch.perf.quantization.model_nbytes': ( '15_quantization/quantization.html#model_nbytes',
                                                                                            'tinytorch/perf/quantization.py'),
+                                             'tinytorch.perf.quantization.observing': ( '15_quantization/quantization.html#observing',
+                                                                                        'tinytorch/perf/quantization.py'),
                                              'tinytorch.perf.quantization.pack_ternary': ( '15_quantization/quantization.html#pack_ternary',
                                                                                            'tinytorch/perf/quantization.py'),
                                              'tinytorch.perf.quantization.qrange': ( '15_quantization/quantization.html#qrange',

@@ -888,6 +888,19 @@ def test_quantize_model_calibrates_every_linear_and_converts_a_copy(monkeypatch)
         quantization.quantize_model(net, [])
 
 
+@pytest.mark.exercise("15.9", "model_nbytes")
+def test_model_nbytes_counts_each_layer_in_its_stored_format():
+    require("15.8")
+    float_model = Sequential(Linear(6, 5, rng=0), ReLU(), Linear(5, 3, rng=1))
+    assert model_nbytes(float_model) == 4 * (6 * 5 + 5 + 5 * 3 + 3), "a float model: 4 bytes per parameter"
+    ql = QuantizedLinear(np.ones((4, 6), np.int8), np.full(4, 0.01, np.float32), np.zeros(4, np.float32), 0.1, 0)
+    assert model_nbytes(Sequential(ql, ReLU(), Linear(4, 2, rng=2))) == 24 + 16 + 16 + 4 * 10, "int8 weights, float32 scales and bias"
+    tied = Linear(6, 6, rng=0)
+    assert model_nbytes(Sequential(tied, ReLU(), tied)) == 4 * 42, "a layer used twice is stored once"
+    ternary = TernaryLinear(20, 10, rng=0)
+    assert model_nbytes(Sequential(ternary)) == ternary.packed_nbytes, "a ternary layer stores its packed digits, not its float latent weight"
+
+
 @pytest.mark.exercise("15.8", "QuantizedLinear.forward")
 def test_quantized_linear_forward_on_grid_values_is_exact():
     """15.8 on its own: power-of-two scales and inputs on the quantization grid, so every rounding in the forward

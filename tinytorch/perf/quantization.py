@@ -19,8 +19,9 @@ from ..core.tensor import Tensor, add_op_observer
 __all__ = ['FLOAT_FORMATS', 'AUTOCAST_DTYPES', 'QRANGES', 'QSTORAGE', 'format_limits', 'dtype_name', 'as_float32', 'float_bits',
            'bits_to_float', 'show_bits', 'to_bfloat16', 'to_float16', 'round_to', 'autocast_dtype', 'autocast',
            'GradScaler', 'qrange', 'fma_float32', 'check_qparams', 'quantize', 'dequantize', 'compute_qparams',
-           'Observer', 'int_matmul', 'QuantizedLinear', 'calibration_batches', 'replace_submodule', 'quantize_model',
-           'model_nbytes', 'ternarize', 'TernaryQuantize', 'TernaryLinear', 'pack_ternary', 'unpack_ternary']
+           'Observer', 'int_matmul', 'QuantizedLinear', 'calibration_batches', 'replace_submodule', 'observing',
+           'quantize_model', 'model_nbytes', 'ternarize', 'TernaryQuantize', 'TernaryLinear', 'pack_ternary',
+           'unpack_ternary']
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #c006
 FLOAT_FORMATS = {
@@ -795,11 +796,19 @@ def replace_submodule(root: Module, path: str, new) -> None:
         setattr(obj, last, new)
 
 
+def observing(input_observer, output_observer):
+    "A forward hook `hook(module, args, output)` feeding a layer's input to one observer and its output to the other; returns None (the output is kept)."
+    def hook(module, args, output):
+        input_observer(args[0])
+        output_observer(output)
+    return hook
+
+
 def quantize_model(model: Module, calibration_data, per_channel: bool = True, method: str = "minmax",
                    percentile: float = 99.99, act_dtype="uint8") -> Module:
     """Post-training static quantization: a copy of `model` with every `Linear` as a `QuantizedLinear`.
 
-    TODO (Exercise 15.9): calibrate (run the data through the float model and watch every Linear's
+    TODO (Exercise 15.9a): calibrate (run the data through the float model and watch every Linear's
     input and output), then convert (a copy whose Linears are quantized with what was watched).
 
     CONTRACT:
@@ -819,8 +828,8 @@ def quantize_model(model: Module, calibration_data, per_channel: bool = True, me
     EXAMPLE: `quantize_model(Sequential(Linear(64, 128), ReLU(), Linear(128, 10)), batches)` is a
     `Sequential(QuantizedLinear(...), ReLU(), QuantizedLinear(...))`.
 
-    HINTS: `Module.register_forward_hook` (module 03; a hook made by a function that takes the
-    layer's path), `handle.remove`, `Module.eval` and `Module.train`, `no_grad`, `try`/`finally`,
+    HINTS: `observing` (given: the hook of one Linear's two observers), `Module.register_forward_hook`
+    (module 03) and `handle.remove`, `Module.eval` and `Module.train`, `no_grad`, `try`/`finally`,
     `copy.deepcopy`.
     """
     act_dtype = dtype_name(act_dtype, tuple(QRANGES), "quantize_model")
@@ -829,14 +838,7 @@ def quantize_model(model: Module, calibration_data, per_channel: bool = True, me
         raise ValueError(f"quantize_model: {type(model).__name__} has no Linear layer to quantize")
     ### BEGIN SOLUTION
     observers = {name: (Observer(method, percentile), Observer(method, percentile)) for name, _ in linears}
-
-    def watch(name):
-        def hook(module, args, output):
-            observers[name][0](args[0])
-            observers[name][1](output)
-        return hook
-
-    handles = [m.register_forward_hook(watch(name)) for name, m in linears]
+    handles = [m.register_forward_hook(observing(*observers[name])) for name, m in linears]
     was_training = model.training
     model.eval()
     batches = 0
@@ -863,7 +865,23 @@ def quantize_model(model: Module, calibration_data, per_channel: bool = True, me
 
 
 def model_nbytes(model: Module) -> int:
-    "Bytes of stored weights: float parameters, QuantizedLinear int8 weights + scales, packed TernaryLinear weights."
+    """Bytes of stored weights: float parameters, QuantizedLinear int8 weights + scales, packed TernaryLinear weights.
+
+    TODO (Exercise 15.9b): what the deployed model stores, each layer in its own format.
+
+    CONTRACT:
+    - A `QuantizedLinear` counts its `nbytes` (int8 weights, float32 scales and bias).
+    - A layer whose class has a `packed_nbytes` property (a `TernaryLinear`, section 6) counts that, and
+      its own parameters (the float latent weights it trains with) are not counted again.
+    - Every other parameter of `model` counts its `nbytes` once (tied parameters once).
+    - Returns a Python int.
+
+    EXAMPLE: `Sequential(Linear(64, 128), ReLU(), Linear(128, 10))` stores 4 * 9,610 = 38,440 bytes;
+    after `quantize_model`, 9,470 bytes of int8 weights plus its float32 scales and biases.
+
+    HINTS: `Module.named_modules`, `isinstance`, `hasattr` on `type(m)`, a set of parameter `id`s.
+    """
+    ### BEGIN SOLUTION
     total, counted = 0, set()
     for _, m in model.named_modules():
         if isinstance(m, QuantizedLinear):
@@ -871,7 +889,9 @@ def model_nbytes(model: Module) -> int:
         elif hasattr(type(m), "packed_nbytes"):          # a layer that stores its weights packed (TernaryLinear)
             total += m.packed_nbytes
             counted.update(id(p) for p in m.parameters())
-    return total + sum(p.nbytes for p in model.parameters() if id(p) not in counted)
+    return int(total + sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values() if id(p) not in counted))
+    ### END SOLUTION
+
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-ternarize
 def ternarize(w) -> tuple:

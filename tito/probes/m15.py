@@ -355,6 +355,28 @@ def ptq(rng, rec):
         rec.call("broken", quantization.quantize_model, broken, batches)
         rec["broken_after"] = [len(broken.fc._forward_hooks), bool(broken.training)]
 
+    class Packed(Module):
+        "A layer that stores its weights packed (as TernaryLinear), its float latent weight aside."
+
+        def __init__(self, n):
+            super().__init__()
+            self.latent = Tensor(np.ones((n, 3), np.float32), requires_grad=True)
+            self.n = n
+
+        @property
+        def packed_nbytes(self):
+            return 7 * self.n + 1
+    from tinytorch.core.tensor import Tensor
+    from tinytorch.perf.quantization import QuantizedLinear, model_nbytes
+
+    wq = rng.integers(-127, 128, (4, 6)).astype(np.int8)
+    ql = QuantizedLinear(wq, np.full(4, 0.01, np.float32), np.zeros(4, np.float32), 0.1, 0)
+    tied = Linear(6, 6, rng=0)
+    rec.call("bytes_float", model_nbytes, Sequential(Linear(6, 5, rng=0), ReLU(), Linear(5, 3, bias=False, rng=1)))
+    rec.call("bytes_quantized", model_nbytes, Sequential(ql, ReLU(), Linear(4, 2, rng=2)))
+    rec.call("bytes_packed", model_nbytes, Sequential(Packed(int(rng.integers(5, 50))), Linear(3, 2, rng=3)))
+    rec.call("bytes_tied", model_nbytes, Sequential(tied, ReLU(), tied))
+
 
 @probe("15.10", rtol=0, atol=1e-7)
 def ternary(rng, rec):
