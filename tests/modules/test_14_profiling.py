@@ -68,6 +68,9 @@ def _upstream_checks():
         return "" if got == ((32, 16), (0, 0)) else f"op_bytes gave {got[0]} and {got[1]}, expected (32, 16) and (0, 0)"
 
     def paths():
+        why = pop_returns_nothing()
+        if why:
+            return why
         net, stack = Sequential(Linear(2, 2, rng=0)), []
         tracker = ModulePaths(stack).attach(net)
         try:
@@ -77,6 +80,18 @@ def _upstream_checks():
         ok = isinstance(out, Tensor) and stack == []
         return "" if ok else f"a Sequential with its hooks returned {type(out).__name__} and left the stack {stack}"
     return {"14.1": ("op_flops", flops), "14.2": ("op_bytes", nbytes), "14.4": ("ModulePaths", paths)}
+
+
+def pop_returns_nothing() -> str:
+    "'' when ModulePaths.push and pop return None; else what they returned, named (a hook's result replaces an output)."
+    layer, tracker = Linear(2, 2, rng=0), ModulePaths(["outer"])
+    tracker.names[id(layer)] = "fc"
+    pushed = tracker.push(layer, ())
+    popped = tracker.pop(layer, (), Tensor(np.ones(2)))
+    if pushed is not None or popped is not None:
+        return (f"ModulePaths.push returned {pushed!r} and ModulePaths.pop returned {popped!r}: what a forward (pre-)hook "
+                f"returns replaces the module's arguments or output, so both must return None")
+    return ""
 
 
 def require(*exercises):
@@ -438,6 +453,8 @@ def test_push_and_pop_return_nothing_and_keep_the_stack():
 
 @pytest.mark.exercise("14.4", "ModulePaths.attach")
 def test_a_forward_that_raises_leaves_no_path_on_the_stack():
+    why = pop_returns_nothing()
+    assert not why, why
     net = Sequential(Linear(4, 8, rng=0), ReLU(), Linear(8, 2, rng=1))
     paths = ModulePaths().attach(net)
     try:
@@ -458,6 +475,8 @@ def test_a_forward_that_raises_leaves_no_path_on_the_stack():
 @pytest.mark.exercise("14.4", "ModulePaths.attach")
 def test_every_op_of_a_gpt_step_gets_its_module_path():
     require("14.1", "14.2")
+    why = pop_returns_nothing()
+    assert not why, why
     V, T, E, H, L, B = 23, 8, 16, 4, 2, 2
     model = GPT(V, T, E, H, L, rng=0)
     ids = np.random.default_rng(0).integers(0, V, (B, T))
@@ -478,6 +497,8 @@ def test_every_op_of_a_gpt_step_gets_its_module_path():
 
 @pytest.mark.exercise("14.4", "ModulePaths.pop")
 def test_module_path_hooks_leave_outputs_unchanged():
+    why = pop_returns_nothing()
+    assert not why, why
     net = Sequential(Linear(4, 8, rng=0), ReLU(), Linear(8, 3, rng=1))
     x = Tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32))
     expected = net(x).data

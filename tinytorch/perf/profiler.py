@@ -423,6 +423,9 @@ class Profiler:
                 self.spans.append((label, "module", self._starts.pop(), time.perf_counter_ns() - self._t0,
                                    len(self._starts)))
                 self._last = time.perf_counter_ns()
+                if output is self._stack or isinstance(output, str):   # the hooks before this one replaced the output
+                    raise TypeError(f"ModulePaths.pop (Exercise 14.4) returned {output!r}, and what a forward hook returns "
+                                    f"replaces the module's output: the output of {label} became it. pop must return None")
 
             handles.append(module.register_forward_pre_hook(begin))
             handles.append(module.register_forward_hook(end, always_call=True))
