@@ -346,7 +346,8 @@ def test_prune_neurons_keeps_the_rows_torch_ln_structured_keeps(n_in, n_hidden, 
     keep = np.asarray(keep)
     norms = np.linalg.norm(fc1.weight.data.astype(np.float64), axis=1)
     assert keep.shape == (n_keep,) and np.all(np.diff(keep) > 0), f"keep must be {n_keep} increasing indices; got {keep}"
-    assert set(keep) == set(np.argsort(-norms)[:n_keep]), f"kept {list(keep)}; the {n_keep} largest row norms are at {sorted(np.argsort(-norms)[:n_keep])}"
+    assert set(keep) == set(np.argsort(-norms)[:n_keep]), \
+        f"kept {keep.tolist()}; the {n_keep} largest L2 row norms are at {sorted(np.argsort(-norms)[:n_keep].tolist())}"
     assert new1.weight.shape == (n_keep, n_in) and new2.weight.shape == (n_out, n_keep), \
         f"shapes {new1.weight.shape}, {new2.weight.shape}; expected ({n_keep}, {n_in}), ({n_out}, {n_keep})"
     x = rng.standard_normal((4, n_in)).astype(np.float32)
@@ -395,7 +396,7 @@ def test_prune_neurons_ranks_by_the_l2_norm_not_another(rows, data):
     l1 = ref_ln_structured(rows, n_keep, n=1)
     assert list(np.asarray(keep)) == list(expected), (
         f"rows with L2 norms {np.round(np.linalg.norm(rows, axis=1), 3).tolist()} (L1 {np.round(np.abs(rows).sum(axis=1), 3).tolist()}), "
-        f"n_keep {n_keep}: kept {list(np.asarray(keep))}; the L2 norm keeps {list(expected)}"
+        f"n_keep {n_keep}: kept {np.asarray(keep).tolist()}; the L2 norm keeps {np.asarray(expected).tolist()}"
         + (" (the L1 norm would keep what you kept)" if list(np.asarray(keep)) == list(l1) else ""))
 
 
