@@ -400,19 +400,27 @@ def fma_float32(a, b, c) -> np.ndarray:
     """`a * b + c` for float32 `a`, `b` and float32-or-integer `c`, rounded to float32 *once*, as the CPU's
     fused multiply-add instruction computes it (PyTorch's vectorised per-tensor quantize uses it).
 
-    The product of two float32 numbers is exact in float64 (24 + 24 bits); the sum is then rounded to
-    odd in float64 (an inexact result with an even last bit moves one step toward the exact value)
-    and from there to float32, which is the correctly rounded result (Boldo and Melquiond, 2008).
+    The product of two float32 numbers is exact in float64 (24 + 24 bits), and so is the sum almost always;
+    rounding that float64 sum to float32 is then the one rounding. Only where the float64 sum landed exactly
+    half-way between two float32 numbers could the second rounding go the wrong way: there the sum's own
+    rounding error (Knuth's TwoSum) says on which side the exact value lies, and the sum is moved one float64
+    step toward it first (round to odd, Boldo and Melquiond, 2008).
     """
     p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
     c = np.asarray(c).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        s = p + c
-        bp = s - c
-        err = (p - bp) + (c - (s - bp))                     # TwoSum: s + err == p + c exactly
-        even = (np.asarray(s).view(np.int64) & 1) == 0
-        odd = np.where((err != 0) & even & np.isfinite(s), np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-        return np.asarray(odd).astype(np.float32)
+        s = np.asarray(p + c)                                     # a fresh C-contiguous array (or 0-d)
+        bits = s.view(np.int64)
+        at = np.flatnonzero((bits & 0x1FFFFFFF) == 0x10000000)   # the low 29 of 52 mantissa bits: a float32 half-way point
+        if at.size:
+            st = s.reshape(-1)[at]
+            pt, ct = (np.broadcast_to(v, s.shape).reshape(-1)[at] for v in (p, c))
+            bp = st - ct
+            err = (pt - bp) + (ct - (st - bp))                      # TwoSum: st + err == pt + ct exactly
+            bits = bits.copy()
+            bits.reshape(-1)[at] += np.where(err == 0, 0, np.where((err > 0) == (st > 0), 1, -1))   # one step toward it
+            s = bits.view(np.float64)
+        return s.astype(np.float32)
 
 
 def check_qparams(scale, zero_point, dtype, who: str, shape=None, axis=None) -> tuple:
