@@ -554,6 +554,17 @@ def test_quantize_equals_torch_on_near_ties(dtype, zero_point):
                            f"differ from torch.quantize_per_channel; first x={rows[bad][0]!r}: got {got[bad][0]}, expected {want[bad][0]}")
 
 
+def test_fma_float32_rounds_once_as_a_fused_multiply_add():
+    "The given fma_float32 against `a * b + c` in extended precision (64-bit mantissa: exact here), then float32."
+    rng = np.random.default_rng(12)
+    for scale, zp in ((0.05, 3), (0.0371, -7), (2.0**-5, 0)):
+        x = np.concatenate([near_ties(rng, 20_000, np.float32(scale), zp), rng.standard_normal(5_000).astype(np.float32)])
+        inv = np.float32(1) / np.float32(scale)
+        ref = (x.astype(np.longdouble) * np.longdouble(inv) + zp).astype(np.float32)
+        assert_same_bits(fma_float32(x, inv, zp), ref, f"fma_float32(x, 1 / {scale}, {zp})", x)
+    assert fma_float32(np.float32(1.5), np.float32(2), 1).shape == (), "a 0-d result for 0-d operands"
+
+
 @pytest.mark.exercise("15.5", "quantize")
 @pytest.mark.parametrize("zero_point", [0, 5, -64])
 def test_quantize_agrees_with_torchao_quantize_affine(zero_point):
