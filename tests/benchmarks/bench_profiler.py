@@ -85,12 +85,14 @@ def load_profiler(path: str):
 
 
 def rounds_of(candidates: dict, rounds: int) -> dict:
-    "Seconds per call of each candidate, one timed call each per round, in turns (after one warm-up each)."
+    """Seconds per call of each candidate, one timed call each per round, in turns (after one warm-up each). The
+    order of the turns is reversed every other round, so that no candidate always follows the same one."""
     for fn in candidates.values():
         fn()
     times = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
+    order = list(candidates.items())
+    for r in range(rounds):
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
             times[name].append(time_call(fn, warmup=0, repeats=1, number=1).best)
     return times
 
@@ -157,11 +159,17 @@ def main() -> None:
         goal = " (goal: at most 1.3x)" if label.startswith("GPT 2x128") else ""
         print(f"  profiled / plain, {label} ({note}): {med:.2f}x median, {best:.2f}x best{goal}")
     if other is not None:
+        rng = np.random.default_rng(0)
         for label in cases:
-            now, then = times[f"{label}: Profiler"], times[f"{label}: Profiler (against)"]
-            ratios = sorted(a / b for a, b in zip(now, then))
-            print(f"  this profiler / {args.against}, {label}: {statistics.median(ratios):.3f}x median of "
-                  f"{len(ratios)} paired rounds (from {ratios[0]:.3f}x to {ratios[-1]:.3f}x)")
+            now, then = np.array(times[f"{label}: Profiler"]), np.array(times[f"{label}: Profiler (against)"])
+            ratios = now / then
+            boot = np.median(ratios[rng.integers(0, len(ratios), (2000, len(ratios)))], axis=1)
+            lo, hi = np.percentile(boot, [2.5, 97.5])
+            verdict = ("no slower (the interval lies below 1.05x)" if hi <= 1.05 else
+                       "slower (the interval lies above 1.05x)" if lo > 1.05 else
+                       "too noisy to tell at 1.05x: run more rounds on a quieter machine")
+            print(f"  this profiler / {args.against}, {label}: {np.median(ratios):.3f}x median of {len(ratios)} paired "
+                  f"rounds, 95% bootstrap interval {lo:.3f}x to {hi:.3f}x: {verdict}")
 
 
 if __name__ == "__main__":
