@@ -17,10 +17,15 @@ that all see the same machine load:
 
 Prints the median and best milliseconds of each and the ratios profiled / plain (goal for the
 GPT step: at most 1.3x). Not a test: nothing here fails, it reports.
+
+`--against FILE` adds the same rows for another version of the profiler (a `profiler.py` saved from
+another commit, e.g. `git show main:tinytorch/perf/profiler.py > /tmp/old_profiler.py`), loaded into this
+process beside the current one: an A/B of two versions under the same load, round by round.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -61,20 +66,33 @@ def make_step(model, x, y, lr=1e-3):
     return step
 
 
-def profiled(model, step):
+def profiled(model, step, profiler=None):
+    cls = profiler or Profiler
+
     def run():
-        with Profiler(model):
+        with cls(model):
             step()
     return run
 
 
+def load_profiler(path: str):
+    "The `Profiler` class of another version of tinytorch/perf/profiler.py, loaded beside the current one."
+    spec = importlib.util.spec_from_file_location("tinytorch.perf._profiler_against", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.Profiler
+
+
 def rounds_of(candidates: dict, rounds: int) -> dict:
-    "Seconds per call of each candidate, one timed call each per round, in turns (after one warm-up each)."
+    """Seconds per call of each candidate, one timed call each per round, in turns (after one warm-up each). The
+    order of the turns is reversed every other round, so that no candidate always follows the same one."""
     for fn in candidates.values():
         fn()
     times = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
+    order = list(candidates.items())
+    for r in range(rounds):
+        for name, fn in (order if r % 2 == 0 else order[::-1]):
             times[name].append(time_call(fn, warmup=0, repeats=1, number=1).best)
     return times
 
@@ -83,9 +101,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS and torch threads (default 1)")
+    ap.add_argument("--against", default=None, help="another profiler.py to time beside this one (an in-process A/B)")
     args = ap.parse_args()
+    other = load_profiler(args.against) if args.against else None
     rng = np.random.default_rng(0)
-    cases = {}
+    cases, models = {}, {}
     for label, (T, E, H, L, B) in {"GPT 2x128, T=32, B=16": (32, 128, 4, 2, 16),
                                    "small GPT 1x32, T=16, B=2": (16, 32, 2, 1, 2)}.items():
         model = GPT(V, T, E, H, L, rng=0)
@@ -94,10 +114,13 @@ def main() -> None:
         with Profiler(model) as prof:
             step()
         cases[label] = (step, profiled(model, step), len(prof.events))
+        models[label] = model
     candidates = {}
     for label, (plain, prof_step, _) in cases.items():
         candidates[f"{label}: plain"] = plain
         candidates[f"{label}: Profiler"] = prof_step
+        if other is not None:
+            candidates[f"{label}: Profiler (against)"] = profiled(models[label], plain, other)
     torch = None
     try:
         import torch
@@ -135,6 +158,18 @@ def main() -> None:
         best = min(times[prof]) / min(times[plain])
         goal = " (goal: at most 1.3x)" if label.startswith("GPT 2x128") else ""
         print(f"  profiled / plain, {label} ({note}): {med:.2f}x median, {best:.2f}x best{goal}")
+    if other is not None:
+        rng = np.random.default_rng(0)
+        for label in cases:
+            now, then = np.array(times[f"{label}: Profiler"]), np.array(times[f"{label}: Profiler (against)"])
+            ratios = now / then
+            boot = np.median(ratios[rng.integers(0, len(ratios), (2000, len(ratios)))], axis=1)
+            lo, hi = np.percentile(boot, [2.5, 97.5])
+            verdict = ("no slower (the interval lies below 1.05x)" if hi <= 1.05 else
+                       "slower (the interval lies above 1.05x)" if lo > 1.05 else
+                       "too noisy to tell at 1.05x: run more rounds on a quieter machine")
+            print(f"  this profiler / {args.against}, {label}: {np.median(ratios):.3f}x median of {len(ratios)} paired "
+                  f"rounds, 95% bootstrap interval {lo:.3f}x to {hi:.3f}x: {verdict}")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,39 @@
-"""Module 15 (quantization and mixed precision): the exported `tinytorch.perf.quantization` against PyTorch.
+"""Module 15 (quantization and mixed precision): the exported `tinytorch.perf.quantization` against PyTorch and torchao.
 
 - `to_bfloat16` / `to_float16` equal `torch.tensor(x).to(torch.bfloat16 / float16).float()` bit for
   bit on hypothesis-drawn float32 values (any bit pattern: subnormals, huge values, ties) and on
   the edge cases (+-0, +-inf, NaN, overflow thresholds, FP16 subnormals). NaN only has to stay NaN:
   PyTorch's own NaN bit pattern depends on which of its kernels runs.
 - `autocast` against `torch.autocast("cpu", dtype=...)` for Linear and Conv2d; master weights and
-  gradients stay float32; the backward uses the rounded operands.
+  gradients stay float32; the backward uses the rounded operands; the mode is per thread (two threads
+  interleaved, each sees its own).
 - `GradScaler` against `torch.amp.GradScaler("cpu")`: the same sequence of scales, the same
-  unscaled gradients and the same skipped steps on a drawn sequence of finite and inf/NaN gradients.
+  unscaled gradients and the same skipped steps on a drawn sequence of finite and inf/NaN gradients
+  spread over several parameters (an inf in an earlier parameter is not forgotten).
 - `quantize` / `dequantize` equal `torch.quantize_per_tensor` / `quantize_per_channel`
-  (`.int_repr()`, `.dequantize()`) element for element; `compute_qparams` equals
-  `MinMaxObserver` / `PerChannelMinMaxObserver.calculate_qparams()`; `QuantizedLinear` matches
-  `torch.ao.nn.quantized.Linear` (QNNPACK engine) within one integer step.
+  (`.int_repr()`, `.dequantize()`) element for element, also on 600,000 near-ties (values one float32
+  rounding from a half step, where PyTorch's per-tensor kernel uses a fused multiply-add and its
+  per-channel kernel does not); checked against torchao's `quantize_affine` / `dequantize_affine`
+  (equal except at near-ties with a nonzero zero point, where torchao rounds before it adds);
+  `compute_qparams` and `Observer` equal `MinMaxObserver` / `PerChannelMinMaxObserver`;
+  `QuantizedLinear` matches `torch.ao.nn.quantized.Linear` (QNNPACK engine) within one integer step;
+  `quantize_model` calibrates and converts as its parts say.
+- Every dtype argument takes a name or a NumPy dtype (`np.int8`).
 - Properties: `dequantize(quantize(x))` is within scale / 2 of x inside the range; the ternary
   STE gradient equals PyTorch's `w + (q - w).detach()` formulation.
 - Bad input: zero, negative or NaN scales, zero points outside the range, mismatched per-channel
   parameters: errors that name the value.
 
-Without torch (a student edition) every comparison falls back to a NumPy reference written here
-(the rounding grid, NumPy's float16, the observer and quantization formulas, the scaler's rule).
-Run one exercise with `pytest tests/modules/test_15_quantization.py --exercise 15.3`.
+The references come from `tests/support/systems.py`: PyTorch (and torchao) where installed, else NumPy
+formulas written from the definitions (the rounding grid, NumPy's float16, a fused multiply-add in extended
+precision, the observers' formulas, the scaler's rule), so a student edition compares against something too.
+A test of an exercise that builds on an earlier one checks that one first and names it, or replaces it by a
+stand-in. Run one exercise with `pytest tests/modules/test_15_quantization.py --exercise 15.5`.
 """
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 
 import numpy as np
@@ -33,57 +43,54 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 from tinytorch.core.activations import ReLU
-from tinytorch.core.layers import Linear, Sequential
+from tinytorch.core.layers import Linear, Module, Sequential
 from tinytorch.core.losses import CrossEntropyLoss
 from tinytorch.core.optimizers import SGD
 from tinytorch.core.spatial import Conv2d
 from tinytorch.core.tensor import Tensor
 from tinytorch.perf.quantization import (
     GradScaler, Observer, QuantizedLinear, TernaryLinear, autocast, autocast_dtype, compute_qparams, dequantize,
-    float_bits, int_matmul, model_nbytes, pack_ternary, quantize, quantize_model, ternarize, to_bfloat16, to_float16,
-    unpack_ternary,
+    float_bits, fma_float32, int_matmul, model_nbytes, pack_ternary, quantize, quantize_model, round_to, ternarize,
+    to_bfloat16, to_float16, unpack_ternary,
 )
-from tests.support.refs import torch_or_none
+from tests.support import laid_out, property_settings
+from tests.support.systems import (
+    QRANGE, ReferenceScaler, near_ties, ref_bfloat16, ref_dequantize_affine, ref_float16, ref_qparams,
+    ref_quantize_affine, ref_quantize_per_channel, ref_quantize_per_tensor, torch_quiet, torchao_or_none,
+)
 
 pytestmark = pytest.mark.module("15")
 
-PROPERTY = settings(max_examples=40, deadline=None)
+PROPERTY = property_settings(40)
 warnings.filterwarnings("ignore", message=".*quantiz.*deprecated", category=UserWarning)
 
 
-def torch_quiet():
-    "torch (or None), with its quantized-tensor deprecation warnings silenced."
-    torch = torch_or_none()
-    warnings.filterwarnings("ignore", message=".*deprecated.*", category=UserWarning)
-    return torch
-
-
-# ---------------------------------------------------------------------------------------------
-# References that need no torch
-# ---------------------------------------------------------------------------------------------
-def grid_round(x: np.ndarray, mantissa_bits: int, min_exp: int) -> np.ndarray:
-    "Round to the nearest multiple of 2**(e - mantissa_bits - 1) (not below 2**min_exp), ties to even."
-    x = np.asarray(x, np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        _, e = np.frexp(x)
-        spacing = np.ldexp(np.float32(1), np.maximum(e - mantissa_bits - 1, min_exp)).astype(np.float32)
-        out = (np.rint(x / spacing) * spacing).astype(np.float32)
-    return np.where(np.isfinite(x), out, x)
-
-
-def ref_bfloat16(x):
-    torch = torch_quiet()
-    if torch is not None:
-        return torch.from_numpy(np.array(x, np.float32)).to(torch.bfloat16).float().numpy()
-    return grid_round(x, 7, -133)
-
-
-def ref_float16(x):
-    torch = torch_quiet()
-    if torch is not None:
-        return torch.from_numpy(np.array(x, np.float32)).to(torch.float16).float().numpy()
-    with np.errstate(over="ignore"):
-        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+def require(*exercises):
+    """Check the earlier exercises a test depends on; a wrong one fails the test with its own name, so that a
+    downstream failure says which exercise to fix first (a stub is reported as "not implemented yet" by name)."""
+    checks = {
+        "15.1": ("to_bfloat16", lambda: float(to_bfloat16(np.float32(1 + 3 * 2**-8))) == 1.015625),
+        "15.2": ("to_float16", lambda: float(to_float16(np.float32(1 + 3 * 2**-11))) == 1 + 2**-9),
+        "15.5": ("quantize", lambda: quantize([-1.0, 0.25, 0.75, 100.0], 0.5, 0).tolist() == [-2, 0, 2, 127]),
+        "15.6": ("compute_qparams", lambda: [float(v) for v in compute_qparams(-1.0, 3.0, "uint8")] == [float(np.float32(4 / 255)), 64.0]),
+        "15.7": ("Observer", lambda: Observer()(np.array([1.0], np.float32)) is not None),
+        "15.8": ("QuantizedLinear.forward", lambda: np.allclose(QuantizedLinear(
+            np.array([[100]], np.int8), np.array([0.01], np.float32), None, 0.1, 0, act_dtype="int8")(
+            np.array([[2.0]], np.float32)).data, [[2.0]])),
+    }
+    for number in exercises:
+        name, check = checks[number]
+        try:
+            ok = check()
+        except NotImplementedError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a crash of the earlier exercise is its failure
+            ok, why = False, f"it raised {type(err).__name__}: {err}"
+        else:
+            why = "it is wrong on the example of its docstring"
+        if not ok:
+            pytest.fail(f"not checked on its own: it uses {name} (Exercise {number}), and {why}. Fix Exercise {number} first",
+                        pytrace=False)
 
 
 EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, 1 + 2**-8, 1 + 3 * 2**-8, 0.1, 3.3895314e38, 3.3961776e38,
@@ -148,6 +155,7 @@ def test_to_bfloat16_million_random_patterns_and_layouts():
     assert to_bfloat16(1.5).shape == (), "a number gives a 0-d array"
 
 
+@pytest.mark.exercise("15.2", "to_float16")
 def test_to_float16_equals_torch_and_numpy():
     assert_same_bits(to_float16(EDGES), ref_float16(EDGES), "to_float16 on the edge cases", EDGES)
     bits = np.random.default_rng(1).integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32)
@@ -157,6 +165,7 @@ def test_to_float16_equals_torch_and_numpy():
         assert_same_bits(to_float16(x), x.astype(np.float16).astype(np.float32), "to_float16 vs NumPy's float16")
 
 
+@pytest.mark.exercise("15.2", "to_float16")
 @PROPERTY
 @given(float32_values)
 def test_to_float16_equals_torch_on_drawn_floats(x):
@@ -164,10 +173,41 @@ def test_to_float16_equals_torch_on_drawn_floats(x):
 
 
 # ---------------------------------------------------------------------------------------------
-# autocast (given code): against torch.autocast
+# Exercise 15.3: the autocast observer, against torch.autocast; the mode per thread
 # ---------------------------------------------------------------------------------------------
+def coarse_round(x, dtype):
+    "A stand-in for round_to (not BF16 or FP16: a grid of 1/8 or 1/64): 15.3 checked without 15.1 and 15.2."
+    step = {"bfloat16": 8.0, "float16": 64.0}[dtype]
+    return (np.rint(np.asarray(x, np.float32) * step) / step).astype(np.float32)
+
+
+@pytest.mark.exercise("15.3", "_autocast_observer")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_autocast_observer_rounds_operands_and_result_with_round_to(monkeypatch, dtype):
+    from tinytorch.perf import quantization
+
+    monkeypatch.setattr(quantization, "round_to", coarse_round)
+    rng = np.random.default_rng(4)
+    a = Tensor(rng.standard_normal((3, 5)).astype(np.float32), requires_grad=True)
+    b = Tensor(rng.standard_normal((5, 2)).astype(np.float32), requires_grad=True)
+    with autocast(dtype):
+        c = a @ b
+    expected = coarse_round(coarse_round(a.data, dtype) @ coarse_round(b.data, dtype), dtype)
+    assert c.dtype == np.float32 and np.array_equal(c.data, expected), \
+        f"autocast({dtype!r}): the product of the rounded operands, rounded (with round_to); largest difference {np.abs(c.data - expected).max():.3g}"
+    g = rng.standard_normal((3, 2)).astype(np.float32)
+    c.backward(g)
+    np.testing.assert_allclose(b.grad.data, coarse_round(a.data, dtype).T @ g, rtol=1e-6, atol=1e-6,
+                               err_msg="backward multiplies by the rounded operands: the observer replaces node.saved")
+    with autocast(dtype):
+        d = a + 1.0
+    assert np.array_equal(d.data, a.data + 1.0), "only matmuls (and convolutions) are autocast: an add stays float32"
+
+
+@pytest.mark.exercise("15.3", "_autocast_observer")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_autocast_linear_matches_torch_autocast(dtype):
+    require("15.1", "15.2")
     torch = torch_quiet()
     rng = np.random.default_rng(0)
     layer = Linear(48, 24, bias=False, rng=0)
@@ -188,7 +228,9 @@ def test_autocast_linear_matches_torch_autocast(dtype):
     assert np.abs(y - full).max() > 1e-5, f"autocast({dtype!r}) must change the float32 result (rounded inputs)"
 
 
+@pytest.mark.exercise("15.3", "_autocast_observer")
 def test_autocast_conv2d_matches_torch_autocast():
+    require("15.1")
     torch = torch_quiet()
     rng = np.random.default_rng(1)
     conv = Conv2d(3, 4, 3, padding=1, rng=0)
@@ -207,7 +249,9 @@ def test_autocast_conv2d_matches_torch_autocast():
     assert np.abs(y - full).max() > 1e-5, "autocast must change the float32 convolution"
 
 
+@pytest.mark.exercise("15.3", "_autocast_observer")
 def test_autocast_keeps_master_weights_and_gradients_float32():
+    require("15.1")
     layer = Linear(32, 8, bias=False, rng=3)
     w0 = layer.weight.data.copy()
     x = Tensor(np.random.default_rng(2).standard_normal((5, 32)).astype(np.float32), requires_grad=True)
@@ -223,98 +267,157 @@ def test_autocast_keeps_master_weights_and_gradients_float32():
                                err_msg="the input gradient multiplies by the rounded weight")
 
 
-def test_autocast_nests_and_leaves_no_trace():
+@pytest.mark.exercise("15.3", "_autocast_observer")
+def test_autocast_nests_takes_numpy_dtypes_and_leaves_no_trace():
+    require("15.1", "15.2")
     layer = Linear(16, 4, rng=0)
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     before = layer(x).data
     with autocast("bfloat16"):
-        with autocast("float16"):
-            assert autocast_dtype() == "float16"
+        with autocast(np.float16) as inner_name:
+            assert autocast_dtype() == "float16" and inner_name == "float16", "np.float16 is the name 'float16'"
             inner = layer(x).data
         assert autocast_dtype() == "bfloat16"
     assert autocast_dtype() is None
     assert np.array_equal(layer(x).data, before), "after the block, matmuls are float32 again"
     assert not np.array_equal(inner, before)
-    with pytest.raises(ValueError, match=r"autocast: dtype must be one of \('bfloat16', 'float16'\); got 'int8'"):
+    with pytest.raises(ValueError, match=r"autocast: dtype must be one of 'bfloat16', 'float16' \(a name or a NumPy dtype, as np.int8\); got 'int8'"):
         with autocast("int8"):
             pass
+    with pytest.raises(ValueError, match="autocast: dtype must be one of .*; got float64"):
+        with autocast(np.float64):
+            pass
     assert autocast_dtype() is None
+    assert np.array_equal(round_to(x, np.float16), to_float16(x)) and np.array_equal(round_to(x, "bfloat16"), to_bfloat16(x))
+
+
+@pytest.mark.exercise("15.3", "_autocast_observer")
+def test_autocast_is_per_thread_as_in_pytorch():
+    """Thread A enters autocast, B enters another dtype, A exits, B exits: inside each block each thread sees its own
+    dtype, the other's matmuls are not rounded, and afterwards neither thread is left in autocast."""
+    require("15.1", "15.2")
+    layer = Linear(16, 4, rng=0)
+    x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
+    plain = layer(x).data
+    bf16, fp16 = to_bfloat16(to_bfloat16(x) @ to_bfloat16(layer.weight.data).T), to_float16(to_float16(x) @ to_float16(layer.weight.data).T)
+    b1, b2, b3 = threading.Barrier(2, timeout=60), threading.Barrier(2, timeout=60), threading.Barrier(2, timeout=60)
+    seen, errors = {}, []
+
+    def a_thread():
+        try:
+            with autocast("bfloat16"):
+                b1.wait()                       # both blocks are open
+                seen["a_in"] = (autocast_dtype(), layer(x).data)
+                b2.wait()
+            seen["a_after"] = (autocast_dtype(), layer(x).data)   # A left its block while B is still in its own
+            b3.wait()
+        except Exception as err:  # noqa: BLE001
+            errors.append(repr(err))
+            for b in (b1, b2, b3):
+                b.abort()
+
+    def b_thread():
+        try:
+            with autocast("float16"):
+                b1.wait()
+                seen["b_in"] = (autocast_dtype(), layer(x).data)
+                b2.wait()
+                b3.wait()
+                seen["b_late"] = (autocast_dtype(), layer(x).data)
+            seen["b_after"] = (autocast_dtype(), layer(x).data)
+        except Exception as err:  # noqa: BLE001
+            errors.append(repr(err))
+            for b in (b1, b2, b3):
+                b.abort()
+
+    threads = [threading.Thread(target=a_thread), threading.Thread(target=b_thread)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    expected = {"a_in": ("bfloat16", bf16), "b_in": ("float16", fp16), "a_after": (None, plain),
+                "b_late": ("float16", fp16), "b_after": (None, plain)}
+    for key, (dtype, values) in expected.items():
+        got_dtype, got = seen[key]
+        assert got_dtype == dtype, f"{key}: autocast_dtype() is {got_dtype!r} on that thread; expected {dtype!r}"
+        np.testing.assert_allclose(got, values, rtol=2**-7, atol=1e-6, err_msg=f"{key}: the thread's matmul")
+    assert autocast_dtype() is None and np.array_equal(layer(x).data, plain), "the main thread was never in autocast"
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 15.2: GradScaler against torch.amp.GradScaler
+# Exercise 15.4: GradScaler against torch.amp.GradScaler
 # ---------------------------------------------------------------------------------------------
-class RefScaler:
-    "The update rule of torch's _amp_update_scale_, for editions without torch."
-
-    def __init__(self, init_scale, growth_factor, backoff_factor, growth_interval):
-        self.scale, self.g, self.b, self.n, self.tracker = np.float32(init_scale), growth_factor, backoff_factor, growth_interval, 0
-
-    def get_scale(self):
-        return float(self.scale)
-
-    def unscale(self, grad):
-        return grad * np.float32(1.0 / np.float64(self.scale)), not np.isfinite(grad).all()
-
-    def update(self, found_inf):
-        if found_inf:
-            self.scale, self.tracker = np.float32(np.float64(self.scale) * self.b), 0
-        elif self.tracker + 1 == self.n:
-            grown = np.float32(np.float64(self.scale) * self.g)
-            self.scale = grown if np.isfinite(grown) else self.scale
-            self.tracker = 0
-        else:
-            self.tracker += 1
-
-
-@pytest.mark.exercise("15.2", "GradScaler.update")
+@pytest.mark.exercise("15.4", "GradScaler.update")
 @PROPERTY
-@given(st.lists(st.sampled_from(["ok", "ok", "ok", "inf", "nan"]), min_size=1, max_size=40),
+@given(st.lists(st.tuples(st.sampled_from(["ok", "ok", "ok", "inf", "nan"]), st.integers(0, 2)), min_size=1, max_size=40),
        st.sampled_from([1.0, 3.0, 1024.0, 2.0 ** 16, 2.0 ** 120]), st.integers(1, 5),
        st.sampled_from([(2.0, 0.5), (4.0, 0.25), (1.5, 0.9)]))
-def test_grad_scaler_scale_sequence_equals_torch(kinds, init_scale, interval, factors):
+def test_grad_scaler_scale_sequence_equals_torch(steps, init_scale, interval, factors):
+    """Three parameters; a step's inf or NaN lands in any of them (the first, a middle one, the last): the scale,
+    the unscaled gradients and the skipped steps equal torch.amp.GradScaler's."""
     torch = torch_quiet()
     growth, backoff = factors
-    rng = np.random.default_rng(len(kinds))
-    p = Tensor(np.ones(6, np.float32), requires_grad=True)
-    opt = SGD([p], lr=0.1)
+    rng = np.random.default_rng(len(steps))
+    params = [Tensor(np.ones(n, np.float32), requires_grad=True) for n in (4, 3, 5)]
+    opt = SGD(params, lr=0.1)
     ours = GradScaler(init_scale=init_scale, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
     if torch is not None:
-        tp = torch.ones(6, requires_grad=True)
-        topt = torch.optim.SGD([tp], lr=0.1)
+        tparams = [torch.ones(n, requires_grad=True) for n in (4, 3, 5)]
+        topt = torch.optim.SGD(tparams, lr=0.1)
         ref = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
                                    growth_interval=interval)
         ref.scale(torch.ones(()))  # creates torch's scale tensor
     else:
-        ref = RefScaler(init_scale, growth, backoff, interval)
-    for step, kind in enumerate(kinds):
-        g = rng.standard_normal(6).astype(np.float32)
-        with np.errstate(over="ignore"):
-            scaled = g * np.float32(ours.get_scale())   # may overflow at a huge scale: that is an overflow step too
-        if kind != "ok":
-            scaled[step % 6] = np.inf if kind == "inf" else np.nan
-        p.grad = Tensor(scaled.copy())
-        before = p.data.copy()
+        ref = ReferenceScaler(init_scale, growth, backoff, interval)
+    for step, (kind, where) in enumerate(steps):
+        grads = []
+        for i, p in enumerate(params):
+            g = rng.standard_normal(p.shape).astype(np.float32)
+            with np.errstate(over="ignore"):
+                scaled = g * np.float32(ours.get_scale())   # may overflow at a huge scale: that is an overflow step too
+            if kind != "ok" and i == where:
+                scaled[step % p.shape[0]] = np.inf if kind == "inf" else np.nan
+            grads.append(scaled)
+            p.grad = Tensor(scaled.copy())
+        before = [p.data.copy() for p in params]
         stepped = ours.step(opt)
+        found = not all(np.isfinite(g).all() for g in grads)
         if torch is not None:
-            tp.grad = torch.from_numpy(scaled.copy())
+            for tp, g in zip(tparams, grads):
+                tp.grad = torch.from_numpy(g.copy())
             ref.step(topt)
-            ref_grad, ref_found = tp.grad.numpy(), not np.isfinite(scaled).all()
+            ref_grads = [tp.grad.numpy() for tp in tparams]
             ref.update()
+            ref_scale = ref.get_scale()
         else:
-            ref_grad, ref_found = ref.unscale(scaled)
-            ref.update(ref_found)
+            ref_grads = None
+            ref_scale = ref.update(found)
         ours.update()
-        assert stepped == (not ref_found), f"step {step} ({kind}): step() returned {stepped}; expected {not ref_found}"
-        if ref_found:
-            assert np.array_equal(p.data, before), f"step {step}: an inf/NaN gradient must skip the update"
-        else:
-            assert np.array_equal(p.grad.data, ref_grad), f"step {step}: unscaled gradient {p.grad.data} vs {ref_grad}"
-        assert ours.get_scale() == ref.get_scale(), \
-            f"after step {step} of {kinds[:step + 1]}: scale {ours.get_scale()}; torch.amp.GradScaler has {ref.get_scale()}"
+        assert stepped == (not found), (f"step {step}: an {kind} in parameter {where} of 3: step() returned {stepped}; "
+                                        f"expected {not found} (an inf found in an earlier parameter must not be forgotten)")
+        if found:
+            assert all(np.array_equal(p.data, b) for p, b in zip(params, before)), f"step {step}: an inf/NaN gradient must skip the update"
+        elif ref_grads is not None:
+            for i, (p, rg) in enumerate(zip(params, ref_grads)):
+                assert np.array_equal(p.grad.data, rg), f"step {step}: parameter {i}'s unscaled gradient {p.grad.data} vs torch {rg}"
+        assert ours.get_scale() == ref_scale, \
+            f"after step {step} of {steps[:step + 1]}: scale {ours.get_scale()}; torch.amp.GradScaler has {ref_scale}"
 
 
-@pytest.mark.exercise("15.2", "GradScaler.unscale_")
+@pytest.mark.exercise("15.4", "GradScaler.unscale_")
+def test_unscale_finds_an_inf_in_any_parameter_and_unscales_every_one():
+    for where in range(3):
+        params = [Tensor(np.ones(2, np.float32), requires_grad=True) for _ in range(3)]
+        for i, p in enumerate(params):
+            p.grad = Tensor(np.array([np.inf if i == where else 8.0, 4.0], np.float32))
+        found = GradScaler(init_scale=4.0).unscale_(SGD(params, lr=0.1))
+        assert found, f"an inf in parameter {where} of 3 must be found (an earlier one must not be overwritten by later finite ones)"
+        for i, p in enumerate(params):
+            assert p.grad.data[1] == 1.0, f"parameter {i}'s gradient is unscaled too: got {p.grad.data}"
+
+
+@pytest.mark.exercise("15.4", "GradScaler.unscale_")
 def test_grad_scaler_unscale_in_place_and_errors():
     p, q = Tensor(np.array([4.0, 8.0], np.float32), requires_grad=True), Tensor(np.ones(2, np.float32), requires_grad=True)
     opt = SGD([p, q], lr=0.1)
@@ -340,31 +443,22 @@ def test_grad_scaler_unscale_in_place_and_errors():
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 15.3: quantize / dequantize against torch.quantize_per_tensor / per_channel
+# Exercise 15.5: quantize / dequantize against torch.quantize_per_tensor / per_channel, and torchao
 # ---------------------------------------------------------------------------------------------
 QDTYPES = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
 def ref_quantize(x, scale, zero_point, dtype, axis=None):
-    "torch's integers, or the formula without torch: clamp(rint(x * float32(1 / scale) + zp))."
-    torch = torch_quiet()
-    if torch is not None:
-        tdt = {"int8": torch.qint8, "uint8": torch.quint8}[dtype]
-        t = torch.from_numpy(np.ascontiguousarray(x, np.float32))
-        if axis is None:
-            q = torch.quantize_per_tensor(t, float(scale), int(zero_point), tdt)
-        else:
-            q = torch.quantize_per_channel(t, torch.from_numpy(np.asarray(scale, np.float64)),
-                                           torch.from_numpy(np.asarray(zero_point, np.int64)), axis, tdt)
-        return q.int_repr().numpy(), q.dequantize().numpy()
-    lo, hi = QDTYPES[dtype]
-    s, z = np.asarray(scale, np.float32), np.asarray(zero_point)
-    if axis is not None:
-        shape = [1] * x.ndim
-        shape[axis] = -1
-        s, z = s.reshape(shape), z.reshape(shape)
-    q = np.clip(np.rint(x * (np.float32(1) / s) + z.astype(np.float32)), lo, hi)
-    return q.astype(np.int8 if dtype == "int8" else np.uint8), (q.astype(np.float32) - z.astype(np.float32)) * s
+    "(integers, their dequantized values) of PyTorch's kernels, or of the NumPy references of tests/support/systems.py."
+    if axis is None:
+        q = ref_quantize_per_tensor(x, scale, zero_point, dtype)
+        return q, (q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
+    q = ref_quantize_per_channel(x, scale, zero_point, axis, dtype)
+    shape = [1] * np.ndim(x)
+    shape[axis] = -1
+    s = np.asarray(scale, np.float32).reshape(shape)
+    z = np.asarray(zero_point, np.int64).reshape(shape)
+    return q, (q.astype(np.float32) - z.astype(np.float32)) * s
 
 
 @st.composite
@@ -387,20 +481,20 @@ def quant_cases(draw, per_channel=False):
     return x, scales, zps, dtype, axis
 
 
-@pytest.mark.exercise("15.3", "quantize")
+@pytest.mark.exercise("15.5", "quantize")
 @PROPERTY
 @given(quant_cases())
 def test_quantize_per_tensor_equals_torch(case):
     x, scale, zp, dtype, _ = case
     q = quantize(x, scale, zp, dtype)
     ref_q, _ = ref_quantize(x, scale, zp, dtype)
-    assert q.dtype == ref_q.dtype and q.shape == x.shape, f"quantize({dtype}): {q.dtype} {q.shape}; expected {ref_q.dtype} {x.shape}"
+    assert q.dtype == {"int8": np.int8, "uint8": np.uint8}[dtype] and q.shape == x.shape, f"quantize({dtype}): {q.dtype} {q.shape}; expected {ref_q.dtype} {x.shape}"
     bad = q != ref_q
     assert not bad.any(), (f"quantize(scale={scale!r}, zero_point={zp}, {dtype}): {int(bad.sum())} of {q.size} differ from "
                            f"torch.quantize_per_tensor; first x={x[bad][0]!r}: got {q[bad][0]}, expected {ref_q[bad][0]}")
 
 
-@pytest.mark.exercise("15.3", "quantize")
+@pytest.mark.exercise("15.5", "quantize")
 @PROPERTY
 @given(quant_cases(per_channel=True))
 def test_quantize_per_channel_equals_torch(case):
@@ -412,18 +506,18 @@ def test_quantize_per_channel_equals_torch(case):
         f"quantize per channel (axis {axis}, {dtype}): {int(bad.sum())} of {q.size} differ from torch.quantize_per_channel"
 
 
-@pytest.mark.exercise("15.3", "dequantize")
+@pytest.mark.exercise("15.5", "dequantize")
 @PROPERTY
 @given(st.one_of(quant_cases(), quant_cases(per_channel=True)))
 def test_dequantize_equals_torch(case):
     x, scale, zp, dtype, axis = case
     ref_q, ref_d = ref_quantize(x, scale, zp, dtype, axis)
-    got = dequantize(ref_q, scale, zp, axis=axis)
+    got = dequantize(ref_q.astype({"int8": np.int8, "uint8": np.uint8}[dtype]), scale, zp, axis=axis)
     assert got.dtype == np.float32, f"dequantize returns float32; got {got.dtype}"
     assert np.array_equal(got, ref_d), f"dequantize vs torch's dequantize(): largest difference {np.abs(got - ref_d).max()}"
 
 
-@pytest.mark.exercise("15.3", "quantize")
+@pytest.mark.exercise("15.5", "quantize")
 @PROPERTY
 @given(st.floats(-50, 50), st.floats(0.01, 50), st.sampled_from(list(QDTYPES)), st.integers(0, 2**16))
 def test_round_trip_is_within_half_a_step_inside_the_range(lo, width, dtype, seed):
@@ -438,7 +532,81 @@ def test_round_trip_is_within_half_a_step_inside_the_range(lo, width, dtype, see
         f"range [{lo:.4g}, {hi:.4g}] {dtype}: round-trip error {err:.6g} exceeds scale / 2 = {float(scale) / 2:.6g}"
 
 
-@pytest.mark.exercise("15.3", "quantize")
+@pytest.mark.exercise("15.5", "quantize")
+@pytest.mark.parametrize("dtype,zero_point", [("int8", 0), ("int8", 3), ("int8", -7), ("uint8", 128), ("uint8", 77)])
+def test_quantize_equals_torch_on_near_ties(dtype, zero_point):
+    """600,000 values within one float32 rounding of a half step (`x / scale + zero_point` near k + 1/2), where the
+    order of the roundings decides the integer: per tensor equal to torch.quantize_per_tensor (a fused multiply-add),
+    per channel to torch.quantize_per_channel (multiply, round, add)."""
+    rng = np.random.default_rng(abs(zero_point) + len(dtype))
+    scale = np.float32(rng.uniform(0.005, 0.2))
+    x = near_ties(rng, 120_000, scale, zero_point, dtype)
+    got, want = quantize(x, scale, zero_point, dtype).astype(np.int64), ref_quantize_per_tensor(x, scale, zero_point, dtype)
+    bad = got != want
+    assert not bad.any(), (f"per tensor, scale {scale!r}, zero point {zero_point}, {dtype}: {int(bad.sum())} of {x.size} near-ties "
+                           f"differ from torch.quantize_per_tensor; first x={x[bad][0]!r}: got {got[bad][0]}, expected {want[bad][0]} "
+                           f"(PyTorch rounds x * (1 / scale) + zero_point once: fma_float32)")
+    rows = x.reshape(-1, 4)
+    got = quantize(rows, [scale] * 4, [zero_point] * 4, dtype, axis=1).astype(np.int64)
+    want = ref_quantize_per_channel(rows, [scale] * 4, [zero_point] * 4, 1, dtype)
+    bad = got != want
+    assert not bad.any(), (f"per channel, scale {scale!r}, zero point {zero_point}, {dtype}: {int(bad.sum())} of {rows.size} near-ties "
+                           f"differ from torch.quantize_per_channel; first x={rows[bad][0]!r}: got {got[bad][0]}, expected {want[bad][0]}")
+
+
+def test_fma_float32_rounds_once_as_a_fused_multiply_add():
+    "The given fma_float32 against `a * b + c` in extended precision (64-bit mantissa: exact here), then float32."
+    rng = np.random.default_rng(12)
+    for scale, zp in ((0.05, 3), (0.0371, -7), (2.0**-5, 0)):
+        x = np.concatenate([near_ties(rng, 20_000, np.float32(scale), zp), rng.standard_normal(5_000).astype(np.float32)])
+        inv = np.float32(1) / np.float32(scale)
+        ref = (x.astype(np.longdouble) * np.longdouble(inv) + zp).astype(np.float32)
+        assert_same_bits(fma_float32(x, inv, zp), ref, f"fma_float32(x, 1 / {scale}, {zp})", x)
+    assert fma_float32(np.float32(1.5), np.float32(2), 1).shape == (), "a 0-d result for 0-d operands"
+
+
+@pytest.mark.exercise("15.5", "quantize")
+@pytest.mark.parametrize("zero_point", [0, 5, -64])
+def test_quantize_agrees_with_torchao_quantize_affine(zero_point):
+    """torchao's `quantize_affine` (where PyTorch's quantization lives on; the NumPy formula where torchao is not
+    installed): equal on ordinary values; on near-ties equal when the zero point is 0, and otherwise at most one
+    step apart, only there (torchao rounds x * (1 / scale) before it adds the zero point)."""
+    rng = np.random.default_rng(abs(11 + zero_point))
+    scale = np.float32(0.0371)
+    x = (rng.standard_normal(50_000) * 2).astype(np.float32)
+    got = quantize(x, scale, zero_point).astype(np.int64)
+    ao = ref_quantize_affine(x, scale, zero_point)
+    ties = near_ties(rng, 50_000, scale, zero_point)
+    frac = np.abs((x.astype(np.float64) / np.float64(scale)) % 1 - 0.5)
+    away = frac > 1e-4                       # farther than float32 rounding from a half step
+    assert np.array_equal(got[away], ao[away]), f"{int((got[away] != ao[away]).sum())} ordinary values differ from torchao's quantize_affine"
+    diff = np.abs(quantize(ties, scale, zero_point).astype(np.int64) - ref_quantize_affine(ties, scale, zero_point))
+    if zero_point == 0:
+        assert not diff.any(), f"zero point 0: {int(diff.astype(bool).sum())} near-ties differ from torchao"
+    else:
+        assert diff.max() <= 1, f"zero point {zero_point}: near-ties differ from torchao by up to {diff.max()} steps; expected at most 1"
+    q = quantize(x, scale, zero_point)
+    np.testing.assert_array_equal(dequantize(q, scale, zero_point), ref_dequantize_affine(q, scale, zero_point),
+                                  err_msg="dequantize vs torchao's dequantize_affine")
+
+
+@pytest.mark.exercise("15.5", "quantize")
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.dtype("int8"), "int8"])
+def test_every_dtype_argument_takes_a_numpy_dtype(dtype):
+    name = np.dtype(dtype).name
+    x = np.array([0.3, -0.2, 1.7], np.float32)
+    zp = 128 if name == "uint8" else 0
+    q = quantize(x, 0.1, zp, dtype=dtype)
+    assert q.dtype == np.dtype(name) and np.array_equal(q, quantize(x, 0.1, zp, dtype=name)), \
+        f"quantize(dtype={dtype!r}) must equal quantize(dtype={name!r}); got {q!r}"
+    if name != "int32":
+        s, z = compute_qparams(-1.0, 3.0, dtype)
+        s2, z2 = compute_qparams(-1.0, 3.0, name)
+        assert s == s2 and z == z2, f"compute_qparams(dtype={dtype!r})"
+        assert Observer()(x) is x
+
+
+@pytest.mark.exercise("15.5", "quantize")
 def test_bad_quantization_parameters_name_the_value():
     x = np.ones((2, 3), np.float32)
     for bad in (0.0, -0.5, float("nan"), float("inf")):
@@ -458,42 +626,26 @@ def test_bad_quantization_parameters_name_the_value():
         quantize(x, [0.1, 0.2], [0, 0], axis=2)
     with pytest.raises(ValueError, match="one scale and one zero_point"):
         quantize(x, [0.1, 0.2], [0, 0])
-    with pytest.raises(ValueError, match="quantization dtype must be one of"):
+    with pytest.raises(ValueError, match=r"quantize: dtype must be one of 'int8', 'uint8', 'int32' \(a name or a NumPy dtype, as np.int8\); got 'int4'"):
         quantize(x, 0.1, 0, "int4")
+    with pytest.raises(ValueError, match="quantize: dtype must be one of .*; got float16"):
+        quantize(x, 0.1, 0, np.float16)
     with pytest.raises(TypeError, match="dequantize: expected an int8, uint8 or int32 array; got dtype float32"):
         dequantize(x, 0.1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 15.4: compute_qparams against PyTorch's observers
+# Exercise 15.6: compute_qparams against PyTorch's observers; Exercise 15.7: the Observer
 # ---------------------------------------------------------------------------------------------
-def ref_qparams(a, dtype, symmetric, axis):
-    torch = torch_quiet()
-    lo_all = a.min() if axis is None else a.min(axis=tuple(i for i in range(a.ndim) if i != axis))
-    hi_all = a.max() if axis is None else a.max(axis=tuple(i for i in range(a.ndim) if i != axis))
-    if torch is None:
-        qmin, qmax = QDTYPES[dtype]
-        lo, hi = np.minimum(np.float32(lo_all), 0), np.maximum(np.float32(hi_all), 0)
-        eps = np.finfo(np.float32).eps
-        if symmetric:
-            s = np.maximum(np.maximum(-lo, hi) / np.float32((qmax - qmin) / 2), eps)
-            return s, np.full(np.shape(s), 128 if dtype == "uint8" else 0)
-        s = np.maximum((hi - lo) / np.float32(qmax - qmin), eps)
-        return s, np.clip(qmin - np.rint(lo / s), qmin, qmax)
-    from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
-    tdt = {"int8": torch.qint8, "uint8": torch.quint8}[dtype]
+def observer_range(a, axis):
+    "The min/max range of `a`, per tensor or per channel along `axis`."
     if axis is None:
-        scheme = torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine
-        obs = MinMaxObserver(dtype=tdt, qscheme=scheme)
-    else:
-        scheme = torch.per_channel_symmetric if symmetric else torch.per_channel_affine
-        obs = PerChannelMinMaxObserver(ch_axis=axis, dtype=tdt, qscheme=scheme)
-    obs(torch.from_numpy(a))
-    s, z = obs.calculate_qparams()
-    return s.numpy().reshape(np.shape(lo_all)), z.numpy().reshape(np.shape(lo_all))
+        return a.min(), a.max()
+    reduce = tuple(i for i in range(a.ndim) if i != axis)
+    return a.min(axis=reduce), a.max(axis=reduce)
 
 
-@pytest.mark.exercise("15.4", "compute_qparams")
+@pytest.mark.exercise("15.6", "compute_qparams")
 @PROPERTY
 @given(array_shapes(min_dims=1, max_dims=3, max_side=6), st.sampled_from(list(QDTYPES)), st.booleans(),
        st.floats(1e-3, 100), st.floats(-3, 3), st.booleans(), st.integers(0, 2**16))
@@ -505,14 +657,44 @@ def test_compute_qparams_equals_torch_observers(shape, dtype, symmetric, spread,
     else:
         reduce = tuple(i for i in range(a.ndim) if i != axis)
         s, z = compute_qparams(a.min(axis=reduce), a.max(axis=reduce), dtype, symmetric)
-    rs, rz = ref_qparams(a, dtype, symmetric, axis)
+    rs, rz = ref_qparams(*observer_range(a, axis), dtype, symmetric)
     assert np.asarray(s).dtype == np.float32 and np.asarray(z).dtype == np.int64, f"dtypes {np.asarray(s).dtype}, {np.asarray(z).dtype}"
     assert np.array_equal(np.asarray(s), rs), f"{dtype} symmetric={symmetric} axis={axis}: scale {s} vs torch observer {rs}"
     assert np.array_equal(np.asarray(z), rz), f"{dtype} symmetric={symmetric} axis={axis}: zero_point {z} vs torch observer {rz}"
 
 
-@pytest.mark.exercise("15.4", "compute_qparams")
+@pytest.mark.exercise("15.7", "Observer.__call__")
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_observer_running_range_equals_torch_minmax_observers(axis):
+    torch = torch_quiet()
+    rng = np.random.default_rng(7)
+    batches = [(rng.standard_normal((6, 5)) * (i + 1) + i).astype(np.float32) for i in range(4)]
+    obs = Observer(axis=axis)
+    for b in batches:
+        obs(b)
+    if torch is not None:
+        from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
+
+        ref = MinMaxObserver() if axis is None else PerChannelMinMaxObserver(ch_axis=axis)
+        for b in batches:
+            ref(torch.from_numpy(b))
+        want = (ref.min_val.numpy(), ref.max_val.numpy())
+    else:
+        stacked = np.stack(batches)                      # (batch, 6, 5): a channel is one index of `axis` in every batch
+        reduce = None if axis is None else tuple(i for i in range(3) if i != axis + 1)
+        want = (stacked.min(axis=reduce), stacked.max(axis=reduce))
+    lo, hi = obs.range()
+    assert np.array_equal(np.ravel(lo), np.ravel(want[0])) and np.array_equal(np.ravel(hi), np.ravel(want[1])), \
+        f"axis {axis}: the running range after four batches is ({lo}, {hi}); PyTorch's observer has {want}"
+    if axis is None:
+        assert all(type(v) is float for v in (lo, hi)), f"per tensor the range is two Python floats; got {type(lo).__name__}"
+    else:
+        assert lo.dtype == np.float32 and lo.shape == (batches[0].shape[axis],), f"per channel: float32, one per channel; got {lo.dtype} {lo.shape}"
+
+
+@pytest.mark.exercise("15.7", "Observer.range")
 def test_observers_minmax_over_batches_and_percentile():
+    require("15.6")
     rng = np.random.default_rng(0)
     batches = [rng.standard_normal((10, 4)).astype(np.float32) * (i + 1) for i in range(3)]
     obs = Observer()
@@ -545,6 +727,7 @@ def test_observers_minmax_over_batches_and_percentile():
 # ---------------------------------------------------------------------------------------------
 # Exercise 15.5: QuantizedLinear against torch.ao.nn.quantized.Linear
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("15.8", "int_matmul")
 def test_int_matmul_is_exact_int32_accumulation():
     rng = np.random.default_rng(0)
     for k, lo, hi in ((64, -128, 128), (3000, -255, 256), (40000, -128, 128)):
@@ -553,13 +736,22 @@ def test_int_matmul_is_exact_int32_accumulation():
         got = int_matmul(a, b)
         exact = a.astype(np.int64) @ b.astype(np.int64)
         assert got.dtype == np.int32 and np.array_equal(got, exact), f"K={k}: int_matmul differs from the int64 product"
-    with pytest.raises(OverflowError, match="beyond an int32 accumulator"):
+    with pytest.raises(OverflowError, match="int_matmul: a sum of 200000 products of up to 255 x 127 can reach "
+                                            "6,477,000,000, beyond an int32 accumulator"):
         int_matmul(np.full((1, 200000), 255, np.int32), np.full((200000, 1), 127, np.int32))
+    assert int_matmul(np.full((1, 4), 2**12, np.int32), np.full((4, 1), 2**10, np.int32)).tolist() == [[2**24]], \
+        "a bound of exactly 2**24 is still exact in float32"
+    got = int_matmul(np.full((1, 300), 12700, np.int32), np.full((300, 1), 127, np.int32))
+    assert got.tolist() == [[300 * 12700 * 127]], \
+        f"a sum of 483,870,000 (above 2**24: float32 cannot hold it exactly, float64 can): got {got.tolist()}"
+    with pytest.raises(TypeError, match="integer operands expected"):
+        int_matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.int8))
 
 
-@pytest.mark.exercise("15.5", "QuantizedLinear.forward")
+@pytest.mark.exercise("15.8", "QuantizedLinear.forward")
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_quantized_linear_equals_torch_quantized_linear(per_channel):
+    require("15.5", "15.6")
     torch = torch_quiet()
     rng = np.random.default_rng(int(per_channel))
     lin = Linear(64, 32, rng=1)
@@ -603,8 +795,9 @@ def test_quantized_linear_equals_torch_quantized_linear(per_channel):
     assert (diff > 0).mean() < 0.02, f"{(diff > 0).mean():.1%} of the outputs differ by one step from torch; expected under 2%"
 
 
-@pytest.mark.exercise("15.5", "QuantizedLinear.forward")
+@pytest.mark.exercise("15.8", "QuantizedLinear.forward")
 def test_quantized_linear_shapes_and_errors():
+    require("15.5", "15.6")
     lin = Linear(8, 3, bias=False, rng=0)
     ql = QuantizedLinear.from_float(lin, (0.05, 0), act_dtype="int8")
     x = np.random.default_rng(0).uniform(-1, 1, (2, 5, 8)).astype(np.float32)
@@ -634,7 +827,117 @@ def trained_mlp(epochs=3, seed=0):
     return model, train
 
 
+class StandInObserver:
+    "Stands in for Exercise 15.7's Observer in 15.9's own test: counts what it is fed; its qparams are data, not a calibration."
+
+    def __init__(self, method="minmax", percentile=99.99, axis=None):
+        self.method, self.calls, self.values = method, 0, 0
+
+    def __call__(self, x):
+        a = np.asarray(x.data if isinstance(x, Tensor) else x)
+        self.calls += 1
+        self.values += a.size
+        return x
+
+    def qparams(self, dtype="int8", symmetric=False):
+        return 0.5 + 0.25 * self.calls, self.values % 50
+
+
+class StandInLayer(Module):
+    "What the stand-in from_float returns: the arguments it was given, kept for the test."
+
+    def __init__(self, linear, input_qparams, output_qparams, per_channel, act_dtype):
+        super().__init__()
+        self.args = (linear.weight.shape, tuple(input_qparams), tuple(output_qparams), per_channel, act_dtype)
+
+    def forward(self, x):
+        return x
+
+
+@pytest.mark.exercise("15.9", "quantize_model")
+def test_quantize_model_calibrates_every_linear_and_converts_a_copy(monkeypatch):
+    """15.9 on its own: the Observer and QuantizedLinear.from_float replaced by stand-ins, so that only the
+    calibration (hooks, eval mode, no graph, the batches) and the conversion (a copy, every Linear replaced,
+    the observers' parameters passed on) are checked."""
+    from tinytorch.perf import quantization
+
+    monkeypatch.setattr(quantization, "Observer", StandInObserver)
+    monkeypatch.setattr(quantization.QuantizedLinear, "from_float",
+                        classmethod(lambda cls, *args: StandInLayer(*args)))
+    modes = []
+    net = Sequential(Linear(6, 5, rng=0), ReLU(), Linear(5, 3, rng=1))
+    watcher = net.layers[0].register_forward_hook(lambda m, args, out: modes.append((m.training, out.requires_grad)))
+    batches = [np.ones((4, 6), np.float32), np.ones((2, 6), np.float32), np.ones((7, 6), np.float32)]
+    q = quantization.quantize_model(net, batches, per_channel=False, act_dtype=np.int8)
+    watcher.remove()
+    assert modes == [(False, False)] * 3, f"every batch runs in eval mode without a graph: (training, output requires grad) {modes}"
+    assert net.training and isinstance(net.layers[0], Linear), "the float model keeps its layers and its training mode"
+    assert not net.layers[0]._forward_hooks and not net.layers[2]._forward_hooks, "the calibration hooks are removed"
+    layers = [m for m in q.layers if isinstance(m, StandInLayer)]
+    assert len(layers) == 2 and isinstance(q.layers[1], ReLU) and q is not net, f"a copy with both Linears replaced: {q}"
+    n_in, n_out = 13 * 6, 13 * 5
+    assert layers[0].args == ((5, 6), (1.25, n_in % 50), (1.25, n_out % 50), False, "int8"), \
+        f"Linear 0 is converted with its input and output observers' qparams (three calls each), per_channel and act_dtype: {layers[0].args}"
+    assert layers[1].args[1] == (1.25, n_out % 50), f"Linear 1's input observer saw Linear 0's outputs after ReLU: {layers[1].args}"
+    assert not q.training, "the converted copy is in eval mode"
+    single = quantization.quantize_model(Linear(6, 2, rng=3), batches[:1])
+    assert isinstance(single, StandInLayer), f"a model that is one Linear becomes the converted layer itself; got {type(single).__name__}"
+
+    class Breaks(Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = Linear(6, 2, rng=0)
+
+        def forward(self, x):
+            self.fc(x)
+            raise RuntimeError("the model broke")
+    broken = Breaks()
+    with pytest.raises(RuntimeError, match="the model broke"):
+        quantization.quantize_model(broken, batches)
+    assert not broken.fc._forward_hooks and broken.training, "hooks removed and mode restored when the model raises"
+    with pytest.raises(ValueError, match="quantize_model: the calibration data gave no batch"):
+        quantization.quantize_model(net, [])
+
+
+@pytest.mark.exercise("15.9", "model_nbytes")
+def test_model_nbytes_counts_each_layer_in_its_stored_format():
+    require("15.8")
+    float_model = Sequential(Linear(6, 5, rng=0), ReLU(), Linear(5, 3, rng=1))
+    assert model_nbytes(float_model) == 4 * (6 * 5 + 5 + 5 * 3 + 3), "a float model: 4 bytes per parameter"
+    ql = QuantizedLinear(np.ones((4, 6), np.int8), np.full(4, 0.01, np.float32), np.zeros(4, np.float32), 0.1, 0)
+    assert model_nbytes(Sequential(ql, ReLU(), Linear(4, 2, rng=2))) == 24 + 16 + 16 + 4 * 10, "int8 weights, float32 scales and bias"
+    tied = Linear(6, 6, rng=0)
+    assert model_nbytes(Sequential(tied, ReLU(), tied)) == 4 * 42, "a layer used twice is stored once"
+    ternary = TernaryLinear(20, 10, rng=0)
+    assert model_nbytes(Sequential(ternary)) == ternary.packed_nbytes, "a ternary layer stores its packed digits, not its float latent weight"
+
+
+@pytest.mark.exercise("15.8", "QuantizedLinear.forward")
+def test_quantized_linear_forward_on_grid_values_is_exact():
+    """15.8 on its own: power-of-two scales and inputs on the quantization grid, so every rounding in the forward
+    pass is exact and any correct quantize gives the same integers."""
+    rng = np.random.default_rng(8)
+    wq = rng.integers(-127, 128, (3, 5)).astype(np.int8)
+    w_scale = np.array([2.0**-7, 2.0**-6, 2.0**-8], np.float32)
+    bias = (rng.integers(-20, 20, 3) * 2.0**-10).astype(np.float32)
+    in_s, in_z = 2.0**-4, 130
+    qx = rng.integers(0, 256, (6, 5))
+    x = ((qx - in_z) * in_s).astype(np.float32)
+    acc = (qx - in_z) @ wq.T.astype(np.int64)
+    expected = (acc.astype(np.float64) * in_s * w_scale + bias).astype(np.float32)
+    layer = QuantizedLinear(wq, w_scale, bias, in_s, in_z)
+    got = layer(Tensor(x)).data
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6,
+                               err_msg="the int32 sums of (qx - zero point) * weight_q, times input_scale * weight_scale, plus bias")
+    out_s = 2.0**-12     # the finest grid of the outputs: in_s * the smallest weight scale
+    req = QuantizedLinear(wq, w_scale, None, in_s, in_z, out_s, 0, act_dtype="int32")(Tensor(x)).data
+    np.testing.assert_allclose(req, (acc.astype(np.float64) * in_s * w_scale).astype(np.float32), rtol=0, atol=1e-6,
+                               err_msg="requantized on a grid that holds every output exactly: the same values")
+
+
+@pytest.mark.exercise("15.9", "quantize_model")
 def test_quantize_model_is_smaller_accurate_and_leaves_the_float_model():
+    require("15.5", "15.6", "15.7", "15.8")
     from tinytorch.data.loader import DataLoader, load_digits
 
     model, train = trained_mlp()
@@ -659,7 +962,7 @@ def test_quantize_model_is_smaller_accurate_and_leaves_the_float_model():
 # ---------------------------------------------------------------------------------------------
 # Exercise 15.6: ternarize and the straight-through estimator
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("15.6", "ternarize")
+@pytest.mark.exercise("15.10", "ternarize")
 @PROPERTY
 @given(arrays(np.float32, array_shapes(max_dims=2, max_side=20), elements=st.floats(-10, 10, width=32)))
 def test_ternarize_is_absmean_round_clip(w):
@@ -670,7 +973,7 @@ def test_ternarize_is_absmean_round_clip(w):
     assert t.dtype == np.int8 and t.shape == w.shape and np.array_equal(t, expected), f"ternary values {t} vs {expected}"
 
 
-@pytest.mark.exercise("15.6", "ternarize")
+@pytest.mark.exercise("15.10", "ternarize")
 def test_ternary_linear_ste_gradient_equals_torch():
     torch = torch_quiet()
     layer = TernaryLinear(12, 5, rng=0)

@@ -4,12 +4,13 @@
   `global_magnitude_masks` equals `torch.nn.utils.prune.global_unstructured`'s (L1), element for
   element, on shapes and sparsities drawn by hypothesis (distinct magnitudes, so no ties); without
   torch, the same tests check the count `round(s * n)` and the threshold property.
-- `PruningMasks`: a model pruned at sparsity 0 is unchanged (bit for bit); masks hold through
-  fine-tuning with SGD (momentum, weight decay) and Adam.
+- `PruningMasks.apply` and `prune_magnitude`: a model pruned at sparsity 0 is unchanged (bit for bit);
+  masks hold through fine-tuning with SGD (momentum, weight decay) and Adam.
 - `CSRMatrix`: its three arrays and byte count equal `scipy.sparse.csr_matrix`'s, its product
   equals SciPy's and the dense one; `storage_bytes` equals the sum of SciPy's array sizes.
 - `prune_neurons`: the kept units are the rows `torch.nn.utils.prune.ln_structured(n=2, dim=0)`
-  keeps, and the pruned pair computes what the torch layers with those rows masked compute.
+  keeps (also on layers drawn so that the L1, L2 and max norms rank the rows differently), and the pruned
+  pair computes what the torch layers with those rows masked compute.
 - `low_rank`: at full rank it reproduces the layer; at rank k its error is the Eckart-Young error
   computed from `torch.linalg.svdvals`; `model_cost`'s FLOPs equal `FlopCounterMode`'s for the
   dense and the factored model.
@@ -18,6 +19,8 @@
 - Bad input: sparsity outside [0, 1), rank outside [1, min(m, n)], n_keep, temperature, alpha:
   each error names the value (exact text).
 
+The references are those of `tests/support/systems.py` (torch where installed, NumPy otherwise), so a student
+edition compares against something too; a test that needs an earlier exercise checks it first and names it.
 Run one exercise with `pytest tests/modules/test_16_compression.py --exercise 16.4`.
 """
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tinytorch.perf.compression import (
     storage_bytes,
 )
 from tests.support.refs import numeric_grads, torch_or_none
+from tests.support.systems import ref_distillation, ref_ln_structured, ref_magnitude_mask
 
 try:  # SciPy comes with the test extra (scikit-learn); a student edition may not have it
     import scipy.sparse as scipy_sparse
@@ -51,6 +55,42 @@ except ImportError:
 pytestmark = pytest.mark.module("16")
 
 PROPERTY = settings(max_examples=25, deadline=None)
+
+
+def require(*exercises):
+    """Check the earlier exercises a test depends on; a wrong one fails the test with its own name (fix it first)."""
+    checks = {
+        "16.1": ("magnitude_mask", lambda: magnitude_mask(np.array([[0.5, -0.1], [2.0, 0.05]]), 0.5).tolist()
+                 == [[True, False], [True, False]]),
+        "16.2": ("global_magnitude_masks", lambda: [m.tolist() for m in global_magnitude_masks(
+            [np.array([3.0, 0.1]), np.array([[0.2, 4.0], [5.0, 6.0]])], 0.5)] == [[False, False], [[False, True], [True, True]]]),
+        "16.3": ("prune_magnitude", lambda: abs(prune_magnitude(mlp([4, 6, 2], seed=0), 0.5, "layer").sparsity() - 0.5) < 1e-9),
+        "16.4": ("CSRMatrix", lambda: np.allclose(CSRMatrix.from_dense(np.array([[0, 2.0], [1.0, 0]], np.float32))
+                                                  @ np.eye(2, dtype=np.float32), [[0, 2], [1, 0]])),
+        "16.5": ("prune_neurons", lambda: list(prune_neurons(_rows([[1, 0, 0], [0, 5, 0], [0, 0, 0], [0, 3, 0]]),
+                                                             Linear(4, 2, rng=1), 2)[2]) == [1, 3]),
+        "16.6": ("low_rank", lambda: low_rank(Linear(4, 3, rng=0), 2).layers[0].weight.shape == (2, 4)),
+    }
+    for number in exercises:
+        name, check = checks[number]
+        try:
+            ok, why = check(), "it is wrong on the example of its docstring"
+        except NotImplementedError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a crash of the earlier exercise is its failure
+            ok, why = False, f"it raised {type(err).__name__}: {err}"
+        if not ok:
+            pytest.fail(f"not checked on its own: it uses {name} (Exercise {number}), and {why}. Fix Exercise {number} first",
+                        pytrace=False)
+
+
+def _rows(rows):
+    "A Linear whose weight has the given rows (and a zero bias)."
+    w = np.array(rows, np.float32)
+    layer = Linear(w.shape[1], w.shape[0], rng=0)
+    layer.weight.data[:] = w
+    layer.bias.data[:] = 0
+    return layer
 
 
 def distinct_weights(shape, seed, scale=1.0):
@@ -95,6 +135,7 @@ sparsities = st.one_of(st.sampled_from([0.0, 0.5, 0.9, 0.99]), st.floats(0.0, 0.
 @PROPERTY
 @given(shape=shapes, sparsity=sparsities, seed=st.integers(0, 2**16))
 def test_magnitude_mask_matches_torch_prune(shape, sparsity, seed):
+    """Equal to torch.nn.utils.prune.l1_unstructured's mask (tests/support/systems.py: NumPy's stable sort without torch)."""
     w = distinct_weights(shape, seed)
     got = magnitude_mask(w, sparsity)
     assert isinstance(got, np.ndarray) and got.dtype == bool and got.shape == w.shape, \
@@ -105,15 +146,9 @@ def test_magnitude_mask_matches_torch_prune(shape, sparsity, seed):
         assert np.abs(w[~got]).max() < np.abs(w[got]).min(), (
             f"shape {w.shape}, sparsity {sparsity}: every pruned weight must be smaller than every kept one; the "
             f"largest pruned |w| is {np.abs(w[~got]).max():.4g}, the smallest kept {np.abs(w[got]).min():.4g}")
-    torch = torch_or_none()
-    if torch is not None:
-        prune = pytest.importorskip("torch.nn.utils.prune")
-        layer = torch.nn.Linear(1, 1)
-        layer.weight = torch.nn.Parameter(torch.from_numpy(w.copy()))
-        prune.l1_unstructured(layer, "weight", amount=float(sparsity))
-        expected = layer.weight_mask.numpy().astype(bool)
-        assert np.array_equal(got, expected), \
-            f"shape {w.shape}, sparsity {sparsity}: {int((got != expected).sum())} positions differ from torch's l1_unstructured mask"
+    expected = ref_magnitude_mask(w, sparsity)
+    assert np.array_equal(got, expected), \
+        f"shape {w.shape}, sparsity {sparsity}: {int((got != expected).sum())} positions differ from torch's l1_unstructured mask"
 
 
 @pytest.mark.exercise("16.1", "magnitude_mask")
@@ -179,11 +214,12 @@ def test_global_masks_refuse_a_bad_sparsity():
 
 
 # ---------------------------------------------------------------------------------------------
-# prune_magnitude and PruningMasks (given, over 16.1 and 16.2)
+# Exercise 16.3: PruningMasks.apply and prune_magnitude (over 16.1 and 16.2)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("16.2", "global_magnitude_masks")
+@pytest.mark.exercise("16.3", "prune_magnitude")
 @pytest.mark.parametrize("scope", ["global", "layer"])
 def test_zero_sparsity_leaves_the_model_unchanged(scope):
+    require("16.1", "16.2")
     model = mlp([12, 16, 8, 3], seed=1)
     x = np.random.default_rng(0).standard_normal((5, 12)).astype(np.float32)
     before_params = [p.data.copy() for p in model.parameters()]
@@ -194,9 +230,10 @@ def test_zero_sparsity_leaves_the_model_unchanged(scope):
     assert masks.sparsity() == 0.0 and all(m.all() for m in masks.masks)
 
 
-@pytest.mark.exercise("16.2", "global_magnitude_masks")
+@pytest.mark.exercise("16.3", "prune_magnitude")
 @pytest.mark.parametrize("scope", ["global", "layer"])
 def test_prune_magnitude_reaches_the_sparsity(scope):
+    require("16.1", "16.2")
     model = mlp([12, 16, 8, 3], seed=2)
     masks = prune_magnitude(model, 0.75, scope=scope)
     total = sum(p.size for _, p in prunable_parameters(model))
@@ -210,12 +247,13 @@ def test_prune_magnitude_reaches_the_sparsity(scope):
             assert abs(s - 0.75) < 0.05, f"{name}: sparsity {s:.3f} with scope='layer'"
 
 
-@pytest.mark.exercise("16.1", "magnitude_mask")
+@pytest.mark.exercise("16.3", "PruningMasks.apply")
 @pytest.mark.parametrize("make_opt", [
     lambda ps: SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-2),
     lambda ps: Adam(ps, lr=1e-2),
 ], ids=["sgd-momentum-wd", "adam"])
 def test_masks_keep_pruned_weights_zero_through_fine_tuning(make_opt):
+    require("16.1")
     model = mlp([10, 32, 4], seed=3)
     masks = prune_magnitude(model, 0.8, scope="layer")
     pruned = [~m for m in masks.masks]
@@ -235,7 +273,7 @@ def test_masks_keep_pruned_weights_zero_through_fine_tuning(make_opt):
     assert kept_moved and abs(masks.sparsity() - 0.8) < 0.01, f"sparsity after fine-tuning {masks.sparsity():.3f}"
 
 
-@pytest.mark.exercise("16.1", "magnitude_mask")
+@pytest.mark.exercise("16.3", "prune_magnitude")
 def test_prune_magnitude_and_masks_refuse_bad_arguments():
     model = mlp([4, 4, 2])
     with pytest.raises(ValueError, match=r"prune_magnitude: scope must be 'global' .* got 'model'"):
@@ -247,8 +285,9 @@ def test_prune_magnitude_and_masks_refuse_bad_arguments():
 
 
 # ---------------------------------------------------------------------------------------------
-# CSRMatrix and storage_bytes (given): against scipy.sparse
+# Exercise 16.4: CSRMatrix (and the given storage_bytes over it), against scipy.sparse
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.exercise("16.4", "CSRMatrix.matmul")
 @PROPERTY
 @given(m=st.integers(1, 20), k=st.integers(1, 20), n=st.integers(1, 6), density=st.floats(0, 1), seed=st.integers(0, 2**16))
 def test_csr_matrix_matches_scipy_and_dense(m, k, n, density, seed):
@@ -269,6 +308,7 @@ def test_csr_matrix_matches_scipy_and_dense(m, k, n, density, seed):
         np.testing.assert_allclose(csr @ x, ref @ x, rtol=1e-5, atol=1e-5, err_msg="CSRMatrix @ x against scipy")
 
 
+@pytest.mark.exercise("16.4", "CSRMatrix.from_dense")
 def test_storage_bytes_counts_csr_as_scipy_stores_it():
     model = mlp([20, 30, 5], seed=4)
     conv = Conv2d(3, 4, 3, rng=0)
@@ -292,7 +332,7 @@ def test_storage_bytes_counts_csr_as_scipy_stores_it():
 # ---------------------------------------------------------------------------------------------
 # Exercise 16.3: prune_neurons
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("16.3", "prune_neurons")
+@pytest.mark.exercise("16.5", "prune_neurons")
 @PROPERTY
 @given(n_in=st.integers(1, 8), n_hidden=st.integers(1, 12), n_out=st.integers(1, 5), data=st.data(), seed=st.integers(0, 2**16))
 def test_prune_neurons_keeps_the_rows_torch_ln_structured_keeps(n_in, n_hidden, n_out, data, seed):
@@ -306,7 +346,8 @@ def test_prune_neurons_keeps_the_rows_torch_ln_structured_keeps(n_in, n_hidden, 
     keep = np.asarray(keep)
     norms = np.linalg.norm(fc1.weight.data.astype(np.float64), axis=1)
     assert keep.shape == (n_keep,) and np.all(np.diff(keep) > 0), f"keep must be {n_keep} increasing indices; got {keep}"
-    assert set(keep) == set(np.argsort(-norms)[:n_keep]), f"kept {list(keep)}; the {n_keep} largest row norms are at {sorted(np.argsort(-norms)[:n_keep])}"
+    assert set(keep) == set(np.argsort(-norms)[:n_keep]), \
+        f"kept {keep.tolist()}; the {n_keep} largest L2 row norms are at {sorted(np.argsort(-norms)[:n_keep].tolist())}"
     assert new1.weight.shape == (n_keep, n_in) and new2.weight.shape == (n_out, n_keep), \
         f"shapes {new1.weight.shape}, {new2.weight.shape}; expected ({n_keep}, {n_in}), ({n_out}, {n_keep})"
     x = rng.standard_normal((4, n_in)).astype(np.float32)
@@ -332,7 +373,34 @@ def test_prune_neurons_keeps_the_rows_torch_ln_structured_keeps(n_in, n_hidden, 
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg="the pruned pair's output")
 
 
-@pytest.mark.exercise("16.3", "prune_neurons")
+@st.composite
+def norm_separating_rows(draw):
+    """Rows whose L2 ranking differs from their L1 and max-norm rankings: spiky rows (one large entry) against
+    flat rows (many middling entries), so that a score by the wrong norm keeps other units."""
+    n_in, n_spiky, n_flat = draw(st.integers(3, 8)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    spiky = np.zeros((n_spiky, n_in))
+    spiky[np.arange(n_spiky), rng.integers(0, n_in, n_spiky)] = rng.uniform(2.0, 3.0, n_spiky) * rng.choice([-1, 1], n_spiky)
+    flat = rng.uniform(0.8, 1.0, (n_flat, n_in)) * rng.choice([-1, 1], (n_flat, n_in))   # L2 ~ 0.9 sqrt(n_in), L1 ~ 0.9 n_in
+    rows = np.concatenate([spiky, flat])[rng.permutation(n_spiky + n_flat)]
+    return rows.astype(np.float32) + rng.uniform(0, 1e-3, rows.shape).astype(np.float32)   # no ties
+
+
+@pytest.mark.exercise("16.5", "prune_neurons")
+@PROPERTY
+@given(rows=norm_separating_rows(), data=st.data())
+def test_prune_neurons_ranks_by_the_l2_norm_not_another(rows, data):
+    n_keep = data.draw(st.integers(1, rows.shape[0]))
+    _, _, keep = prune_neurons(_rows(rows), Linear(rows.shape[0], 2, rng=1), n_keep)
+    expected = ref_ln_structured(rows, n_keep, n=2)
+    l1 = ref_ln_structured(rows, n_keep, n=1)
+    assert list(np.asarray(keep)) == list(expected), (
+        f"rows with L2 norms {np.round(np.linalg.norm(rows, axis=1), 3).tolist()} (L1 {np.round(np.abs(rows).sum(axis=1), 3).tolist()}), "
+        f"n_keep {n_keep}: kept {np.asarray(keep).tolist()}; the L2 norm keeps {np.asarray(expected).tolist()}"
+        + (" (the L1 norm would keep what you kept)" if list(np.asarray(keep)) == list(l1) else ""))
+
+
+@pytest.mark.exercise("16.5", "prune_neurons")
 def test_prune_neurons_on_conv_channels_and_dead_units():
     c1, c2 = Conv2d(2, 6, 3, padding=1, rng=0), Conv2d(6, 3, 3, stride=2, rng=1)
     c1.weight.data[[1, 4]] = 0
@@ -347,7 +415,7 @@ def test_prune_neurons_on_conv_channels_and_dead_units():
                                err_msg="removing dead channels must leave the output unchanged")
 
 
-@pytest.mark.exercise("16.3", "prune_neurons")
+@pytest.mark.exercise("16.5", "prune_neurons")
 @pytest.mark.parametrize("bad", [0, 9, -1, 2.5, True])
 def test_prune_neurons_refuses_a_bad_n_keep(bad):
     with pytest.raises(ValueError) as e:
@@ -358,8 +426,9 @@ def test_prune_neurons_refuses_a_bad_n_keep(bad):
         prune_neurons(Linear(3, 8, rng=0), Linear(5, 2, rng=1), 2)
 
 
-@pytest.mark.exercise("16.3", "prune_neurons")
+@pytest.mark.exercise("16.5", "prune_neurons")
 def test_prune_mlp_neurons_shrinks_hidden_layers_only():
+    require("16.5")
     model = mlp([10, 20, 12, 4], seed=5)
     x = np.random.default_rng(1).standard_normal((3, 10)).astype(np.float32)
     same = prune_mlp_neurons(model, 1.0)
@@ -375,7 +444,7 @@ def test_prune_mlp_neurons_shrinks_hidden_layers_only():
 # ---------------------------------------------------------------------------------------------
 # Exercise 16.4: rank_for_energy, low_rank
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.exercise("16.4", "rank_for_energy")
+@pytest.mark.exercise("16.6", "rank_for_energy")
 @PROPERTY
 @given(s=st.lists(st.floats(0.01, 100), min_size=1, max_size=30), energy=st.floats(0.01, 1.0))
 def test_rank_for_energy_is_the_smallest_rank_that_keeps_the_energy(s, energy):
@@ -387,7 +456,7 @@ def test_rank_for_energy_is_the_smallest_rank_that_keeps_the_energy(s, energy):
     assert k == 1 or share[k - 2] < energy - 1e-12, f"rank {k - 1} already keeps {share[k - 2]:.6f} >= {energy}"
 
 
-@pytest.mark.exercise("16.4", "low_rank")
+@pytest.mark.exercise("16.6", "low_rank")
 @PROPERTY
 @given(n_in=st.integers(1, 12), n_out=st.integers(1, 12), bias=st.booleans(), data=st.data(), seed=st.integers(0, 2**16))
 def test_low_rank_is_the_best_approximation_torch_svd_predicts(n_in, n_out, bias, data, seed):
@@ -411,7 +480,7 @@ def test_low_rank_is_the_best_approximation_torch_svd_predicts(n_in, n_out, bias
         np.testing.assert_allclose(f(x).data, layer(x).data, rtol=1e-4, atol=1e-5, err_msg="full rank reproduces the layer")
 
 
-@pytest.mark.exercise("16.4", "low_rank")
+@pytest.mark.exercise("16.6", "low_rank")
 @pytest.mark.parametrize("bad", [0, 7, -2, 3.0, True, None])
 def test_low_rank_refuses_a_bad_rank_naming_it(bad):
     with pytest.raises(ValueError) as e:
@@ -420,7 +489,7 @@ def test_low_rank_refuses_a_bad_rank_naming_it(bad):
     assert str(e.value) == expected, f"error text {str(e.value)!r}; expected {expected!r}"
 
 
-@pytest.mark.exercise("16.4", "rank_for_energy")
+@pytest.mark.exercise("16.6", "rank_for_energy")
 @pytest.mark.parametrize("bad", [0, 1.01, -0.5, True])
 def test_rank_for_energy_refuses_a_bad_energy(bad):
     with pytest.raises(ValueError) as e:
@@ -428,7 +497,7 @@ def test_rank_for_energy_refuses_a_bad_energy(bad):
     assert str(e.value) == f"rank_for_energy: energy must be in (0, 1] (the share of the squared singular values kept); got {bad!r}"
 
 
-@pytest.mark.exercise("16.4", "low_rank")
+@pytest.mark.exercise("16.6", "low_rank")
 def test_model_cost_flops_equal_flop_counter_mode():
     torch = torch_or_none()
     dense = mlp([64, 256, 256, 10], seed=0)
@@ -451,8 +520,9 @@ def test_model_cost_flops_equal_flop_counter_mode():
             np.testing.assert_allclose(model(x).data, ref(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.exercise("16.4", "low_rank")
+@pytest.mark.exercise("16.6", "low_rank")
 def test_low_rank_model_at_full_rank_and_by_energy():
+    require("16.6")
     model = mlp([8, 12, 3], seed=1)
     x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
     full = low_rank_model(model, rank=100)   # factoring at full rank saves nothing: layers kept as they are
@@ -466,17 +536,7 @@ def test_low_rank_model_at_full_rank_and_by_energy():
 # ---------------------------------------------------------------------------------------------
 # Exercise 16.5: distillation_loss
 # ---------------------------------------------------------------------------------------------
-def reference_loss(zs, zt, y, T, alpha):
-    "The formula in NumPy (float64) for the no-torch fallback."
-    def log_softmax(z):
-        z = z - z.max(axis=1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    lp_t, lq = log_softmax(zt / T), log_softmax(zs / T)
-    kl = (np.exp(lp_t) * (lp_t - lq)).sum() / len(zs)
-    return alpha * -log_softmax(zs)[np.arange(len(zs)), y].mean() + (1 - alpha) * T * T * kl
-
-
-@pytest.mark.exercise("16.5", "distillation_loss")
+@pytest.mark.exercise("16.7", "distillation_loss")
 @PROPERTY
 @given(n=st.integers(1, 6), c=st.integers(2, 7), temperature=st.floats(0.5, 10), alpha=st.floats(0, 1),
        scale=st.sampled_from([0.1, 1.0, 5.0]), seed=st.integers(0, 2**16))
@@ -500,14 +560,14 @@ def test_distillation_loss_value_and_gradient_equal_torch(n, c, temperature, alp
         ref.backward()
         value, grad = ref.item(), s.grad.numpy()
     else:
-        value = reference_loss(zs, zt, y, temperature, alpha)
-        grad = numeric_grads(lambda a: np.asarray(reference_loss(a, zt, y, temperature, alpha)), [zs], np.ones(()))[0][0]
+        value = ref_distillation(zs, zt, y, temperature, alpha)
+        grad = numeric_grads(lambda a: np.asarray(ref_distillation(a, zt, y, temperature, alpha)), [zs], np.ones(()))[0][0]
     assert abs(loss.item() - value) <= 1e-9 * max(1.0, abs(value)), f"loss {loss.item():.12g}; torch's formula gives {value:.12g}"
     tol = dict(rtol=1e-6, atol=1e-9) if torch is not None else dict(rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(student.grad.data, grad, **tol, err_msg="gradient of the student's logits")
 
 
-@pytest.mark.exercise("16.5", "distillation_loss")
+@pytest.mark.exercise("16.7", "distillation_loss")
 def test_distillation_loss_trains_a_student_and_leaves_the_teacher_alone():
     rng = np.random.default_rng(0)
     teacher = Tensor(rng.standard_normal((8, 4)).astype(np.float32), requires_grad=True)
@@ -522,7 +582,7 @@ def test_distillation_loss_trains_a_student_and_leaves_the_teacher_alone():
     assert np.isfinite(distillation_loss(Tensor(huge[:, ::-1].copy()), huge, np.array([0]), 1.0, 0.5).item())
 
 
-@pytest.mark.exercise("16.5", "distillation_loss")
+@pytest.mark.exercise("16.7", "distillation_loss")
 @pytest.mark.parametrize("kwargs, text", [
     (dict(temperature=0), "distillation_loss: temperature must be > 0 (1 is the plain softmax; 2 to 10 are usual); got 0"),
     (dict(temperature=-1.5), "distillation_loss: temperature must be > 0 (1 is the plain softmax; 2 to 10 are usual); got -1.5"),

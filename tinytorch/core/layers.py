@@ -42,6 +42,7 @@ class Module:
     # Empty and never mutated: a module gets its own dict when its first hook is registered.
     _forward_pre_hooks: dict = {}
     _forward_hooks: dict = {}
+    _forward_hooks_always_called: frozenset = frozenset()  # keys of hooks run also when forward raises
 
     def __init__(self):
         self.training = True
@@ -56,6 +57,8 @@ class Module:
         As in PyTorch: each pre-hook is called as `hook(module, args)` (`args` the positional
         arguments) and may return new arguments (a tuple, or one value); each hook is called after
         forward as `hook(module, args, output)` and may return a new output. None changes nothing.
+        When forward raises, the hooks registered with `always_call=True` are called with output
+        None before the exception goes on (the others are skipped).
         """
         if not (self._forward_pre_hooks or self._forward_hooks):
             return self.forward(*args, **kwargs)
@@ -63,7 +66,13 @@ class Module:
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
-        output = self.forward(*args, **kwargs)
+        try:
+            output = self.forward(*args, **kwargs)
+        except BaseException:
+            for key, hook in tuple(self._forward_hooks.items()):
+                if key in self._forward_hooks_always_called:
+                    hook(self, args, None)  # as PyTorch: a profiler closes its span, a path stack pops
+            raise
         for hook in tuple(self._forward_hooks.values()):
             result = hook(self, args, output)
             if result is not None:
@@ -85,9 +94,15 @@ class Module:
         "Call `hook(module, args)` before every forward of this module; returns a handle with `remove()`."
         return self._add_hook("forward_pre_hook", hook)
 
-    def register_forward_hook(self, hook) -> HookHandle:
-        "Call `hook(module, args, output)` after every forward of this module; returns a handle with `remove()`."
-        return self._add_hook("forward_hook", hook)
+    def register_forward_hook(self, hook, *, always_call: bool = False) -> HookHandle:
+        """Call `hook(module, args, output)` after every forward of this module; returns a handle with `remove()`.
+
+        With `always_call=True` (PyTorch's option) the hook also runs, with output None, when forward
+        raises: what a pre-hook opened (a profiler's span, a stack of module paths) is closed."""
+        handle = self._add_hook("forward_hook", hook)
+        if always_call:
+            self._forward_hooks_always_called = self._forward_hooks_always_called | {handle.key}
+        return handle
 
     def named_children(self):
         """Yield `(name, member)` for this module's direct children and parameters, in attribute order.

@@ -144,11 +144,22 @@ class PruningMasks:
                 raise ValueError(f"PruningMasks: the mask of {name} has shape {m.shape}; the weight has {p.shape}")
 
     def apply(self) -> None:
-        "Zero every pruned weight, and its gradient when there is one, in place."
+        """Zero every pruned weight, and its gradient when there is one, in place.
+
+        TODO (Exercise 16.3a): put the zeros back after an optimizer step.
+
+        CONTRACT: for each parameter and its mask (True = kept), the pruned entries of the weight's
+        array become exactly 0 *in place* (the same array object: the optimizer holds it), and so do
+        those of its gradient's array when `.grad` is not None. Kept entries are unchanged. Returns None.
+
+        HINTS: `np.multiply` with `out=`, or boolean-mask assignment on the array.
+        """
+        ### BEGIN SOLUTION
         for p, m in zip(self.params, self.masks):
             np.multiply(p.data, m, out=p.data)
             if p.grad is not None:
                 np.multiply(p.grad.data, m, out=p.grad.data)
+        ### END SOLUTION
 
     def sparsity(self) -> float:
         "The fraction of the masked weights that are exactly zero now."
@@ -167,14 +178,27 @@ class PruningMasks:
 def prune_magnitude(model, sparsity: float, scope: str = "global") -> PruningMasks:
     """Magnitude-prune every weight of `model` with 2+ dimensions, in place, and return the masks.
 
-    `scope="global"`: one threshold for all the weights (`global_magnitude_masks`); `"layer"`: the
-    same sparsity in every weight (`magnitude_mask`). Sparsity 0 leaves the model unchanged.
+    TODO (Exercise 16.3b): choose the masks with Exercise 16.1 or 16.2, wrap them, zero the pruned weights.
+
+    CONTRACT:
+    - `scope` and `sparsity` are checked (given); `named` (given) lists `(name, parameter)` of every
+      weight of 2+ dimensions, in `named_parameters` order.
+    - `scope="global"`: one call of `global_magnitude_masks` on all those weights' arrays; `"layer"`:
+      `magnitude_mask` of each weight at `sparsity`.
+    - Returns `PruningMasks(named, masks)` after applying it once (the model is pruned in place).
+      Sparsity 0 leaves the model unchanged.
+
+    EXAMPLE: `prune_magnitude(Sequential(Linear(64, 256), ReLU(), Linear(256, 10)), 0.9, "layer")`
+    zeroes 90% of each weight and returns their two masks.
+
+    HINTS: `global_magnitude_masks`, `magnitude_mask`, `PruningMasks.apply`.
     """
     if scope not in ("global", "layer"):
         raise ValueError(f"prune_magnitude: scope must be 'global' (one threshold for the whole model) or "
                          f"'layer' (the same sparsity in every weight); got {scope!r}")
     sparsity = check_sparsity(sparsity, "prune_magnitude")
     named = prunable_parameters(model)
+    ### BEGIN SOLUTION
     if scope == "global":
         masks = global_magnitude_masks([p.data for _, p in named], sparsity)
     else:
@@ -182,6 +206,8 @@ def prune_magnitude(model, sparsity: float, scope: str = "global") -> PruningMas
     pruned = PruningMasks(named, masks)
     pruned.apply()
     return pruned
+    ### END SOLUTION
+
 
 # %% ../../modules/16_compression/16_compression.ipynb #compression-csr
 class CSRMatrix:
@@ -197,14 +223,33 @@ class CSRMatrix:
 
     @classmethod
     def from_dense(cls, dense) -> "CSRMatrix":
+        """The CSR form of a dense 2-D matrix: its nonzeros in row-major order.
+
+        TODO (Exercise 16.4a): find the nonzeros, and count how many each row has.
+
+        CONTRACT:
+        - `a` (given) is the matrix (a 2-D array or Tensor; anything else raises the given ValueError).
+        - `values`: the nonzero entries in row-major order, float32; `indices`: their columns, int32;
+          `indptr`: int32 of length `rows + 1`, `indptr[0] = 0` and `indptr[i + 1] - indptr[i]` the
+          number of nonzeros of row i (a row of zeros has none). Equal to `scipy.sparse.csr_matrix(a)`'s
+          `data`, `indices` and `indptr`.
+        - Returns `cls(values, indices, indptr, a.shape)`. No Python loop over rows or entries.
+
+        EXAMPLE: `[[0, 2, 0], [0, 0, 0], [1, 0, 3]]` has `values [2, 1, 3]`, `indices [1, 0, 2]` and
+        `indptr [0, 1, 1, 3]`.
+
+        HINTS: `np.nonzero` (row-major order); `np.bincount` with `minlength`; `np.cumsum`.
+        """
         a = np.asarray(dense.data if isinstance(dense, Tensor) else dense)
         if a.ndim != 2:
             raise ValueError(f"CSRMatrix.from_dense: needs a 2-D matrix; got shape {a.shape} "
                              "(reshape a convolution weight to (out_channels, -1) first)")
+        ### BEGIN SOLUTION
         rows, cols = np.nonzero(a)
         indptr = np.zeros(a.shape[0] + 1, dtype=np.int32)
         np.cumsum(np.bincount(rows, minlength=a.shape[0]), out=indptr[1:])
         return cls(a[rows, cols].astype(np.float32), cols.astype(np.int32), indptr, a.shape)
+        ### END SOLUTION
 
     @property
     def nnz(self) -> int:
@@ -227,10 +272,31 @@ class CSRMatrix:
         return out
 
     def matmul(self, x) -> np.ndarray:
-        "`self @ x` for a dense `x` of shape (k, n): rows padded to the longest, one batched dot product per row."
+        """`self @ x` for a dense `x` of shape (k, n), reading only the stored nonzeros.
+
+        TODO (Exercise 16.4b): a vectorised sparse-times-dense product: every row's nonzeros padded to
+        the longest row, then one batched dot product per row.
+
+        CONTRACT:
+        - `x` (given: an array) must have shape `(self.shape[1], n)`; anything else raises the given
+          ValueError naming both shapes.
+        - Returns the `(m, n)` product, equal to `self.to_dense() @ x` up to float rounding, in the
+          dtype NumPy gives a float32 matrix times `x` (float32 for float32 `x`). A matrix without a
+          nonzero gives zeros of that dtype.
+        - Each nonzero `(i, j, v)` adds `v * x[j]` to row `i` of the result; build a `(m, w)` table of
+          values and one of columns (`w` the longest row, zeros and column 0 in the padding) and
+          contract it with the rows of `x` they pick: no Python loop over rows or nonzeros.
+
+        EXAMPLE: `CSRMatrix.from_dense([[0, 2], [1, 0]]) @ np.array([[1., 2.], [3., 4.]])` is
+        `[[6, 8], [1, 2]]`.
+
+        HINTS: `np.diff` of `indptr` (row lengths); `np.repeat`; `np.arange`; fancy indexing on two
+        axes; `np.einsum` (or a batched `@` after `[..., None]`); `np.result_type`.
+        """
         x = np.asarray(x.data if isinstance(x, Tensor) else x)
         if x.ndim != 2 or x.shape[0] != self.shape[1]:
             raise ValueError(f"CSRMatrix.matmul: a sparse matrix of shape {self.shape} cannot multiply shape {x.shape}")
+        ### BEGIN SOLUTION
         m = self.shape[0]
         lengths = np.diff(self.indptr)
         width = int(lengths.max()) if m else 0
@@ -242,6 +308,7 @@ class CSRMatrix:
         vals = np.zeros((m, width), dtype=self.values.dtype)
         cols[rows, slot], vals[rows, slot] = self.indices, self.values
         return np.einsum("mw,mwn->mn", vals, x[cols])
+        ### END SOLUTION
 
     __matmul__ = matmul
 
@@ -285,7 +352,7 @@ def prune_neurons(layer, next_layer, n_keep: int) -> tuple:
     """Keep the `n_keep` output units of `layer` whose incoming weights have the largest L2 norm,
     and remove the others from `layer` and from the inputs of `next_layer`.
 
-    TODO (Exercise 16.3): score each output unit, choose the units to keep, and build the two
+    TODO (Exercise 16.5): score each output unit, choose the units to keep, and build the two
     smaller layers with `rebuild_layer`.
 
     CONTRACT:
@@ -352,7 +419,7 @@ def rank_for_energy(singular_values, energy: float) -> int:
     """The smallest rank `k` whose leading singular values keep at least `energy` of the total
     squared singular values: `sum(s[:k]**2) >= energy * sum(s**2)`.
 
-    TODO (Exercise 16.4a): the cumulative share of the squared singular values, and the first
+    TODO (Exercise 16.6a): the cumulative share of the squared singular values, and the first
     position where it reaches `energy`.
 
     CONTRACT:
@@ -383,7 +450,7 @@ def rank_for_energy(singular_values, energy: float) -> int:
 def low_rank(linear, rank: int) -> Sequential:
     """Factor `linear` by a truncated SVD into `Sequential(Linear(n_in, rank, bias=False), Linear(rank, n_out))`.
 
-    TODO (Exercise 16.4b): the best rank-`rank` approximation of the weight, split into two
+    TODO (Exercise 16.6b): the best rank-`rank` approximation of the weight, split into two
     Linears whose product is it.
 
     CONTRACT:
@@ -454,7 +521,7 @@ def low_rank_model(model, rank: int | None = None, energy: float | None = None) 
 def distillation_loss(student_logits, teacher_logits, labels, temperature: float = 4.0, alpha: float = 0.5) -> Tensor:
     """Hinton's distillation loss: `alpha * CE(student, labels) + (1 - alpha) * T^2 * KL(teacher_T || student_T)`.
 
-    TODO (Exercise 16.5): the formula of the markdown above, with recorded Tensor ops on the
+    TODO (Exercise 16.7): the formula of the markdown above, with recorded Tensor ops on the
     student's side.
 
     CONTRACT:

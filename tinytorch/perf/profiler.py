@@ -6,34 +6,38 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.autograd import no_grad
+from ..core.autograd import add_backward_observer, no_grad
 from ..core.layers import Module
-from ..core.tensor import Tensor, add_op_observer, observe_ops
+from ..core.tensor import INPLACE_OPS, Tensor, add_op_observer, observe_ops
 from .measure import Timing, time_call
 
 # %% auto #0
-__all__ = ['DATA_MOVEMENT_OPS', 'GATHER_OPS', 'SORT_KEYS', 'GROUP_KEYS', 'op_flops', 'op_bytes', 'arithmetic_intensity',
-           'input_shapes', 'FlopCount', 'FlopCounter', 'count_flops', 'count_parameters', 'parameter_bytes',
-           'ModulePaths', 'Event', 'record_function', 'Profiler', 'summarize', 'format_table', 'graph_memory',
-           'latency', 'peak_matmul_flops', 'memory_bandwidth', 'roofline', 'amdahl']
+__all__ = ['DATA_MOVEMENT_OPS', 'PRODUCT_OPS', 'GATHER_OPS', 'OVERWRITING_OPS', 'SORT_KEYS', 'GROUP_KEYS', 'op_flops',
+           'backward_flops', 'op_bytes', 'arithmetic_intensity', 'input_shapes', 'FlopCount', 'FlopCounter',
+           'count_flops', 'count_parameters', 'parameter_bytes', 'ModulePaths', 'Event', 'record_function', 'Profiler',
+           'summarize', 'format_table', 'graph_memory', 'latency', 'peak_matmul_flops', 'memory_bandwidth', 'roofline',
+           'RooflinePoint', 'place_on_roofline', 'amdahl']
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-op-flops
-# Ops that only rearrange or select numbers: no arithmetic at all.
+# Ops that only rearrange, select or overwrite numbers: no arithmetic at all.
 DATA_MOVEMENT_OPS = frozenset({
     "reshape", "transpose", "permute", "contiguous", "detach", "constant", "astype", "getitem",
-    "concatenate", "stack", "EmbeddingLookup",
+    "concatenate", "stack", "EmbeddingLookup", "fill_", "zero_", "copy_",
 })
+# The products FlopCounterMode counts (a convolution is an im2col matmul, module 09).
+PRODUCT_OPS = frozenset({"matmul", "Conv2dFunction"})
 
 
 def op_flops(op: str, input_shapes, output_shape) -> tuple:
     """Forward FLOPs of one op from its record: `(matmul_flops, other_flops)`, two Python ints.
 
-    TODO (Exercise 14.1): count the work of op `op` from the shapes alone.
+    TODO (Exercise 14.1a): count the work of op `op` from the shapes alone.
 
     CONTRACT:
     - `input_shapes`: one entry per operand, a shape tuple or None (a constant); `output_shape`
@@ -43,8 +47,9 @@ def op_flops(op: str, input_shapes, output_shape) -> tuple:
     - `"Conv2dFunction"` (operands `x`, `weight (O, C, kh, kw)`, `bias` or None): each output
       element is a dot product of length `C * kh * kw`; the bias is not counted.
     - Ops in `DATA_MOVEMENT_OPS`: `(0, 0)`.
-    - Every other op: `(0, n)` with n the element count of its largest operand or result (one
-      FLOP per element, an estimate kept apart from the matmul count).
+    - Every other op (in-place `add_`, `mul_`, ... included): `(0, n)` with n the element count
+      of its largest operand or result (one FLOP per element, an estimate kept apart from the
+      matmul count).
 
     EXAMPLE: `op_flops("matmul", [(8, 32), (32, 16)], (8, 16))` is `(8192, 0)`;
     `op_flops("add", [(8, 16), (16,)], (8, 16))` is `(0, 128)`; `op_flops("sum", [(4, 5)], ())`
@@ -63,9 +68,43 @@ def op_flops(op: str, input_shapes, output_shape) -> tuple:
     return 0, max(sizes + [math.prod(output_shape)])
     ### END SOLUTION
 
+
+def backward_flops(op: str, input_shapes, output_shape, needs_grad) -> tuple:
+    """FLOPs of one op's backward rule: `(matmul_flops, other_flops)`, as FlopCounterMode counts a backward pass.
+
+    TODO (Exercise 14.1b): the gradient of each factor of a product is a product as large as the
+    forward one.
+
+    CONTRACT:
+    - `input_shapes`, `output_shape` as for `op_flops`; `needs_grad`: one bool per operand (does
+      it require a gradient?).
+    - For the ops of `PRODUCT_OPS`, each of the first two operands (the two factors; a
+      convolution's bias is not one) that needs a gradient costs one product of the forward's
+      size: the forward's matmul count once per such operand (0, 1 or 2 times).
+    - Every other op: the `other` count of its forward, once; no matmul FLOPs.
+    - Two Python ints.
+
+    EXAMPLE: `backward_flops("matmul", [(8, 32), (32, 16)], (8, 16), (False, True))` is
+    `(8192, 0)` (only the weight needs a gradient, as in a network's first layer); with
+    `(True, True)` it is `(16384, 0)`; `backward_flops("add", [(8, 16), (16,)], (8, 16),
+    (True, True))` is `(0, 128)`.
+
+    HINTS: `op_flops`; `sum` of booleans counts the True ones.
+    """
+    ### BEGIN SOLUTION
+    mm, other = op_flops(op, input_shapes, output_shape)
+    if op not in PRODUCT_OPS:
+        return 0, other
+    factors = sum(1 for needs in list(needs_grad)[:2] if needs)
+    return mm * factors, other
+    ### END SOLUTION
+
+
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-op-bytes
 # Ops that copy the elements they pick, however large the tensor they pick from.
 GATHER_OPS = frozenset({"getitem", "EmbeddingLookup"})
+# In-place ops (module 01's INPLACE_OPS) that overwrite their tensor without reading its old values.
+OVERWRITING_OPS = frozenset({"fill_", "zero_", "copy_"})
 
 
 def op_bytes(op: str, inputs, out: np.ndarray) -> tuple:
@@ -77,20 +116,26 @@ def op_bytes(op: str, inputs, out: np.ndarray) -> tuple:
     CONTRACT:
     - `inputs`: one entry per operand, a NumPy array or None (a constant: nothing to read);
       `out` is the result's array.
-    - A result that shares memory with one of its operands is a **view**: `(0, 0)`.
+    - An in-place op (`op` in `INPLACE_OPS`) changed its first operand, which is its result: it
+      writes the result and reads its operands, all but the first for the `OVERWRITING_OPS`.
+    - Any other result that shares memory with one of its operands is a **view**: `(0, 0)`.
     - An op in `GATHER_OPS` reads as many bytes as it writes.
     - Otherwise the operands' bytes summed, and the result's bytes.
 
-    EXAMPLE: adding two float32 `(1000,)` arrays is `(8000, 4000)`; a transpose gives `(0, 0)`;
-    an embedding lookup of 6 rows of 4 float32 from a table of any size is `(96, 96)`.
+    EXAMPLE: adding two float32 `(1000,)` arrays is `(8000, 4000)`, and so is `x.add_(y)`;
+    `x.zero_()` is `(0, 4000)`; a transpose gives `(0, 0)`; an embedding lookup of 6 rows of 4
+    float32 from a table of any size is `(96, 96)`.
 
     HINTS: `np.may_share_memory` (fast: it compares address ranges); `ndarray.nbytes`.
     """
     ### BEGIN SOLUTION
     arrays = [a for a in inputs if a is not None]
+    written = int(out.nbytes)
+    if op in INPLACE_OPS:
+        read = arrays[1:] if op in OVERWRITING_OPS else arrays
+        return int(sum(a.nbytes for a in read)), written
     if any(np.may_share_memory(out, a) for a in arrays):
         return 0, 0
-    written = int(out.nbytes)
     if op in GATHER_OPS:
         return written, written
     return int(sum(a.nbytes for a in arrays)), written
@@ -102,6 +147,7 @@ def arithmetic_intensity(flops: float, nbytes: float) -> float:
     if nbytes == 0:
         return math.inf if flops else 0.0
     return flops / nbytes
+
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-count-flops
 def input_shapes(node) -> tuple:
@@ -207,15 +253,17 @@ class ModulePaths:
         (keyed by the module's `id`), register `self.push` as its forward pre-hook and `self.pop`
         as its forward hook, and keep both handles in `self.handles`.
 
-        CONTRACT: two handles per module; `remove()` undoes everything.
+        CONTRACT: two handles per module; `pop` runs also when a forward raises (else the raising
+        module's path stays on the stack); `remove()` undoes everything.
 
-        HINTS: `Module.named_modules`, `register_forward_pre_hook`, `register_forward_hook`.
+        HINTS: `Module.named_modules`, `register_forward_pre_hook`, `register_forward_hook` and its
+        `always_call` option.
         """
         ### BEGIN SOLUTION
         for name, module in model.named_modules():
             self.names[id(module)] = name
             self.handles.append(module.register_forward_pre_hook(self.push))
-            self.handles.append(module.register_forward_hook(self.pop))
+            self.handles.append(module.register_forward_hook(self.pop, always_call=True))
         return self
         ### END SOLUTION
 
@@ -233,7 +281,8 @@ class ModulePaths:
         """Forward hook: take the top path off the stack.
 
         TODO (Exercise 14.4c). CONTRACT: returns None (a hook that returns something replaces the
-        module's output); after `model(x)` the stack is as it was before.
+        module's output); after `model(x)` the stack is as it was before, also when it raised
+        (`output` is then None).
         """
         ### BEGIN SOLUTION
         self.stack.pop()
@@ -274,16 +323,23 @@ class Event:
         return self.bytes_read + self.bytes_written
 
 
-_ACTIVE: list = []   # the profilers inside their `with` block, innermost last
+class _ActiveProfilers(threading.local):
+    "The profilers inside their `with` block on this thread, innermost last (each thread has its own)."
+
+    def __init__(self):
+        self.profilers: list = []
+
+
+_ACTIVE = _ActiveProfilers()
 
 
 class record_function:
-    """`with record_function("backward"): ...` marks a span of code in every active `Profiler`.
+    """`with record_function("backward"): ...` marks a span of code in every active `Profiler` of this thread.
 
     As `torch.profiler.record_function`: the span appears in the Chrome trace around what ran
     inside it, and its own time (its duration less the ops recorded inside) becomes an event of
-    kind `"span"`. Backward passes and optimizer steps run on NumPy arrays, not Tensor ops: a
-    profiler sees them only through such spans. Outside a profiler it does nothing.
+    kind `"span"`. Optimizer steps run on NumPy arrays, not Tensor ops: a profiler sees them only
+    through such spans. Outside a profiler it does nothing.
     """
 
     def __init__(self, name: str):
@@ -291,7 +347,7 @@ class record_function:
         self._marks = []
 
     def __enter__(self):
-        self._marks = [(p, p._open_span()) for p in _ACTIVE]
+        self._marks = [(p, p._open_span()) for p in _ACTIVE.profilers]
         return self
 
     def __exit__(self, *exc):
@@ -299,54 +355,6 @@ class record_function:
             p._close_span(self.name, mark)
         return False
 
-
-# ----- backward rules, timed while a profiler with backward=True is active -----
-_SAVED_RULES: dict = {}   # what the rules were before wrapping: {"table": {...}, "types": {node type: rule}}
-_BACKWARD_USERS = 0       # active profilers that time backward rules
-
-
-def _timed_rule(rule):
-    "`rule(grad, node)` that also reports its wall time to every active profiler."
-    def timed(grad, node):
-        t0 = time.perf_counter_ns()
-        grads = rule(grad, node)
-        t1 = time.perf_counter_ns()
-        for p in _ACTIVE:
-            p._on_backward(node, grad, grads, t0, t1)
-        return grads
-    return timed
-
-
-def _wrap_backward_rules() -> None:
-    """Time every backward rule: module 06's `BACKWARD_RULES` and the `rule` of every `Function`'s
-    node type are replaced by timed versions until `_unwrap_backward_rules` puts them back."""
-    global _BACKWARD_USERS
-    _BACKWARD_USERS += 1
-    if _BACKWARD_USERS > 1:
-        return
-    from tinytorch.core import autograd
-    from tinytorch.core import tensor as tensor_module
-
-    _SAVED_RULES["table"] = dict(autograd.BACKWARD_RULES)
-    _SAVED_RULES["types"] = {cls: cls.__dict__["rule"] for cls in list(tensor_module._NODE_TYPES.values())
-                             if cls.__dict__.get("rule") is not None}
-    for op, rule in _SAVED_RULES["table"].items():
-        autograd.BACKWARD_RULES[op] = _timed_rule(rule)
-    for cls, rule in _SAVED_RULES["types"].items():
-        cls.rule = staticmethod(_timed_rule(rule.__func__ if isinstance(rule, staticmethod) else rule))
-
-
-def _unwrap_backward_rules() -> None:
-    global _BACKWARD_USERS
-    _BACKWARD_USERS -= 1
-    if _BACKWARD_USERS > 0:
-        return
-    from tinytorch.core import autograd
-
-    autograd.BACKWARD_RULES.clear()
-    autograd.BACKWARD_RULES.update(_SAVED_RULES.pop("table"))
-    for cls, rule in _SAVED_RULES.pop("types").items():
-        cls.rule = rule
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-profiler
 class Profiler:
@@ -360,9 +368,10 @@ class Profiler:
     sums the matmul/convolution FLOPs. Ops are seen through an op observer (module 01), module
     paths through forward hooks (module 03); `record_function` marks spans that are not Tensor
     ops (the optimizer step). With `backward=True` (the default) every backward rule that runs
-    inside the block is timed too (the rules of module 06's `BACKWARD_RULES` and of each
-    `Function` are swapped for timed versions while the profiler is active, and put back when
-    it exits): an event of kind `"backward"` per rule, charged to its forward op's module.
+    inside the block is timed too, through a backward observer (module 06's
+    `add_backward_observer`): an event of kind `"backward"` per rule, charged to its forward op's
+    module. Everything is seen on the thread that entered the block only, as PyTorch's profiler
+    sees its own thread: other threads' ops and rules are neither recorded nor changed.
     """
 
     def __init__(self, model: Module | None = None, backward: bool = True):
@@ -381,14 +390,15 @@ class Profiler:
     # ----- entering and leaving -----
     def __enter__(self) -> "Profiler":
         self.events, self.spans, self._stack, self._starts, self._op_ns = [], [], [], [], 0
+        self._node_module = {}
+        self._handles = []
         if self.model is not None:
             self._handles = ModulePaths(self._stack).attach(self.model).handles + self._span_hooks(self.model)
         self._handles.append(add_op_observer(self._on_op))
-        self._node_module = {}
         if self.backward:
             self._handles.append(add_op_observer(self._remember_module))
-            _wrap_backward_rules()
-        _ACTIVE.append(self)
+            self._handles.append(add_backward_observer(self._on_backward))
+        _ACTIVE.profilers.append(self)
         self._t0 = self._last = time.perf_counter_ns()
         return self
 
@@ -396,15 +406,13 @@ class Profiler:
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-            if self.backward:
-                _unwrap_backward_rules()
+        if self in _ACTIVE.profilers:
+            _ACTIVE.profilers.remove(self)
         self._node_module = {}
         return False
 
     def _span_hooks(self, model: Module) -> list:
-        "Each module's forward becomes a span of the trace (registered after the path hooks)."
+        "Each module's forward becomes a span of the trace (registered after the path hooks; closed also when it raises)."
         handles = []
         for name, module in model.named_modules():
             def begin(module, args):
@@ -415,9 +423,12 @@ class Profiler:
                 self.spans.append((label, "module", self._starts.pop(), time.perf_counter_ns() - self._t0,
                                    len(self._starts)))
                 self._last = time.perf_counter_ns()
+                if output is self._stack or isinstance(output, str):   # the hooks before this one replaced the output
+                    raise TypeError(f"ModulePaths.pop (Exercise 14.4) returned {output!r}, and what a forward hook returns "
+                                    f"replaces the module's output: the output of {label} became it. pop must return None")
 
             handles.append(module.register_forward_pre_hook(begin))
-            handles.append(module.register_forward_hook(end))
+            handles.append(module.register_forward_hook(end, always_call=True))
         return handles
 
     def _open_span(self) -> tuple:
@@ -439,25 +450,21 @@ class Profiler:
             self._node_module[id(node)] = self._stack[-1] if self._stack else ""
 
     def _on_backward(self, node, grad, grads, t0: int, t1: int) -> None:
-        """One backward rule ran from `t0` to `t1`: an event of kind "backward" named like PyTorch's
-        autograd nodes (`MatmulBackward`), charged to the module of its forward op. FLOPs: the
-        forward's matmul count once per operand that needs a gradient (the backward of `a @ b` is
-        two matmuls of the same size), the rest once; bytes: the gradient and the operands read, the
-        gradients written (an estimate: saved arrays are not counted apart). As FlopCounterMode
-        does, a convolution's backward counts the weight's gradient, and the input's only when the
-        input needs one (the first layer's does not)."""
+        """Backward observer: one rule ran from `t0` to `t1`. An event of kind "backward" named like
+        PyTorch's autograd nodes (`MatmulBackward`), charged to the module of its forward op, with the
+        FLOPs of `backward_flops` (FlopCounterMode's count); bytes: the gradient and the operands
+        read, the gradients written (an estimate: saved arrays are not counted apart)."""
         if id(node) not in self._node_module:      # a graph recorded before this profiler started
             return
         dur = t1 - t0
         self._op_ns += dur
         shapes = input_shapes(node)
-        mm, other = op_flops(node.op, shapes, node.shape)
-        needs = sum(1 for t in node.inputs[:2] if t is not None and t.requires_grad)   # the two matmul operands
+        needs = [t is not None and t.requires_grad for t in node.inputs]
+        mm, other = backward_flops(node.op, shapes, node.shape, needs)
         written = sum(g.nbytes for g in grads if isinstance(g, np.ndarray)) if isinstance(grads, (tuple, list)) else 0
         read = int(getattr(grad, "nbytes", 0)) + sum(t.data.nbytes for t in node.inputs if t is not None)
         self.events.append(Event(type(node).__name__, self._node_module.get(id(node), ""), shapes, node.shape,
-                                 node.dtype, t0 - self._t0, dur, mm * needs, other, read, int(written),
-                                 kind="backward"))
+                                 node.dtype, t0 - self._t0, dur, mm, other, read, int(written), kind="backward"))
         self._last = time.perf_counter_ns()
 
     # ----- the observer -----
@@ -627,14 +634,29 @@ def _arrays_in(saved):
 
 
 def graph_memory(output: Tensor) -> dict:
-    """Bytes the autograd graph of `output` keeps alive until backward: `{"parameters", "activations"}`.
+    """Bytes the autograd graph of `output` keeps alive until backward: `{"parameters": ..., "activations": ...}`.
 
-    Walks the records from `output` to the leaves and collects every array the graph holds: each
-    op's operands (`node.inputs`) and what it saved (`node.saved`), each buffer once (views are
-    charged to the array owning their memory), and `output` itself. Leaves that require grad are
-    parameters; everything else (the input batch, intermediate results, saved copies) is
-    activation memory: what training pays for and inference does not.
+    TODO (Exercise 14.7): walk the records from `output` to the leaves and add up every buffer the
+    graph holds, each once.
+
+    CONTRACT:
+    - Visit every record reachable from `output.grad_fn` once (a record reached twice counts
+      once); skip a record whose `inputs` is None (backward released it).
+    - The arrays of a record are its inputs' `.data` (None entries skipped) and the arrays among
+      what it saved (`_arrays_in(node.saved)`); also `output`'s own array.
+    - Charge each array to the array owning its memory (`_owner`, given: a view's base), and count
+      each owner once (by its `id`), with its `nbytes`.
+    - An input that requires grad and has no `grad_fn` (a leaf: a parameter) is a parameter;
+      every other buffer is an activation; a buffer that is a parameter's is never an activation.
+    - Returns two Python ints. No recursion (a long graph would pass Python's recursion limit).
+
+    EXAMPLE: for `y = (x @ w).sum()`, `x` (4, 3) and `w` (3, 2) float32 with only `w` requiring
+    grad: parameters 24 bytes (`w`); activations 48 (`x`) + 32 (`x @ w`) + 4 (`y`) = 84.
+
+    HINTS: a list used as a stack; a set of the records seen (their `id`s); dicts from `id(owner)`
+    to `nbytes`.
     """
+    ### BEGIN SOLUTION
     params, acts, seen, stack = {}, {}, set(), [output]
     while stack:
         t = stack.pop()
@@ -655,37 +677,57 @@ def graph_memory(output: Tensor) -> dict:
     acts[id(owner)] = owner.nbytes
     for key in params:
         acts.pop(key, None)
-    return {"parameters": sum(params.values()), "activations": sum(acts.values())}
+    return {"parameters": int(sum(params.values())), "activations": int(sum(acts.values()))}
+    ### END SOLUTION
+
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-latency
-def latency(fn, warmup: int = 2, repeats: int = 20) -> Timing:
-    """Per-call latency of `fn()`: `warmup` untimed calls, then `repeats` calls timed one by one.
+def latency(fn, warmup: int = 2, repeats: int = 20, budget_s: float | None = None) -> Timing:
+    """Per-call latency of `fn()`: `warmup` untimed calls, then up to `repeats` calls timed one by one.
 
-    Returns the `tinytorch.perf.measure.Timing` of `time_call`: `.median`, `.best`,
+    With `budget_s`, timing also stops once the timed calls add up to `budget_s` seconds (at least
+    three are timed): a measurement that fits its budget on a slow or busy machine, with fewer
+    repeats there. Returns a `tinytorch.perf.measure.Timing`: `.median`, `.best`,
     `.percentile(90)`; each repeat is one call.
     """
-    return time_call(fn, warmup=warmup, repeats=repeats, number=1)
+    if budget_s is None:
+        return time_call(fn, warmup=warmup, repeats=repeats, number=1)
+    if repeats < 1 or warmup < 0 or not budget_s > 0:
+        raise ValueError(f"latency: repeats must be >= 1, warmup >= 0 and budget_s > 0; got repeats={repeats}, "
+                         f"warmup={warmup}, budget_s={budget_s}")
+    for _ in range(warmup):
+        fn()
+    times, spent = [], 0.0
+    while len(times) < repeats and (spent < budget_s or len(times) < 3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        spent += times[-1]
+    return Timing(tuple(times), 1)
+
 
 # %% ../../modules/14_profiling/14_profiling.ipynb #prof-roofline
-def peak_matmul_flops(n: int = 512, repeats: int = 5) -> float:
-    "This machine's compute roof in FLOP/s: the best time of an `n x n` float32 matmul (2 n^3 FLOPs)."
+def peak_matmul_flops(n: int = 512, budget_s: float = 0.5) -> float:
+    """This machine's compute roof in FLOP/s: the best single `n x n` float32 matmul (2 n^3 FLOPs)
+    timed within `budget_s` seconds (`latency`'s budget: fewer calls on a busy machine, never longer)."""
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     out = np.empty_like(a)
-    return 2 * n ** 3 / time_call(lambda: np.matmul(a, a, out=out), repeats=repeats).best
+    return 2 * n ** 3 / latency(lambda: np.matmul(a, a, out=out), warmup=1, repeats=200, budget_s=budget_s).best
 
 
-def memory_bandwidth(megabytes: int = 32, repeats: int = 5) -> float:
-    "This machine's memory roof in bytes/s: the best time of copying `megabytes` (each byte read and written)."
+def memory_bandwidth(megabytes: int = 32, budget_s: float = 0.5) -> float:
+    """This machine's memory roof in bytes/s: the best single copy of `megabytes` (each byte read and
+    written) timed within `budget_s` seconds."""
     src = np.ones(megabytes * 2**20 // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    return 2 * src.nbytes / time_call(lambda: np.copyto(dst, src), repeats=repeats).best
+    return 2 * src.nbytes / latency(lambda: np.copyto(dst, src), warmup=1, repeats=200, budget_s=budget_s).best
 
 
 def roofline(intensity, peak_flops: float, bandwidth: float):
     """Attainable FLOP/s at arithmetic `intensity` (FLOP/byte) with compute roof `peak_flops` (FLOP/s)
     and memory roof `bandwidth` (bytes/s).
 
-    TODO (Exercise 14.7a): the roofline model, for one intensity or a NumPy array of them.
+    TODO (Exercise 14.8a): the roofline model, for one intensity or a NumPy array of them.
 
     CONTRACT: the lower of the compute roof and bandwidth times intensity, elementwise; a float
     for a number, an array for an array.
@@ -700,10 +742,66 @@ def roofline(intensity, peak_flops: float, bandwidth: float):
     ### END SOLUTION
 
 
+@dataclass(frozen=True)
+class RooflinePoint:
+    """Where one op (or a group of ops) sits on a machine's roofline.
+
+    `intensity`: FLOP per byte; `attained`: the FLOP/s it reached (its FLOPs over its measured
+    time); `bound`: the roofline's FLOP/s at that intensity, what the machine allows; `limit`:
+    "memory" where the memory roof is the lower one, else "compute"; `fraction`: attained / bound
+    (1.0 on the roof; far below it, overhead; above it, a cache or a roof measured under load).
+    """
+
+    intensity: float
+    attained: float
+    bound: float
+    limit: str
+    fraction: float
+
+
+def place_on_roofline(flops, nbytes, seconds, peak_flops: float, bandwidth: float) -> RooflinePoint:
+    """Place an op that did `flops` FLOPs and moved `nbytes` bytes in `seconds` on the roofline of a
+    machine with compute roof `peak_flops` (FLOP/s) and memory roof `bandwidth` (bytes/s).
+
+    TODO (Exercise 14.8b): the op's intensity, the FLOP/s it attained, the roof above it and which
+    roof that is, and how close it came.
+
+    CONTRACT:
+    - `flops` > 0 (an op without arithmetic has no place on a roofline), `nbytes` >= 0, `seconds`
+      > 0, `peak_flops` > 0 and `bandwidth` > 0; anything else raises ValueError naming the first
+      bad argument in that order and its value: "place_on_roofline: seconds must be > 0; got 0".
+    - `intensity` as `arithmetic_intensity` gives it (inf when nothing is moved); `attained` the
+      FLOPs per second; `bound` the roofline at that intensity; `limit` "memory" when the memory
+      roof is below the compute roof there, else "compute" (the ridge point itself is compute);
+      `fraction` = attained / bound.
+    - Numbers are Python floats (whatever types the arguments have).
+
+    EXAMPLE: `place_on_roofline(2e9, 1e9, 0.5, 100e9, 10e9)` is `RooflinePoint(intensity=2.0,
+    attained=4e9, bound=20e9, limit="memory", fraction=0.2)`.
+
+    HINTS: `arithmetic_intensity` (Section 3); `float`; an f-string with `!r` or `{value}`.
+    """
+    ### BEGIN SOLUTION
+    for name, value, ok, rule in (("flops", flops, flops > 0, "> 0"), ("nbytes", nbytes, nbytes >= 0, ">= 0"),
+                                  ("seconds", seconds, seconds > 0, "> 0"),
+                                  ("peak_flops", peak_flops, peak_flops > 0, "> 0"),
+                                  ("bandwidth", bandwidth, bandwidth > 0, "> 0")):
+        if not ok:
+            raise ValueError(f"place_on_roofline: {name} must be {rule}; got {value}")
+    intensity = float(arithmetic_intensity(flops, nbytes))
+    memory_roof = bandwidth * intensity
+    bound = float(min(peak_flops, memory_roof))
+    attained = float(flops / seconds)
+    limit = "memory" if memory_roof < peak_flops else "compute"
+    return RooflinePoint(intensity, attained, bound, limit, attained / bound)
+    ### END SOLUTION
+
+
+# %% ../../modules/14_profiling/14_profiling.ipynb #prof-amdahl
 def amdahl(fraction: float, speedup: float) -> float:
     """Overall speedup when a part taking `fraction` of the time becomes `speedup` times faster.
 
-    TODO (Exercise 14.7b): Amdahl's law; `speedup=math.inf` (the part becomes free) is allowed.
+    TODO (Exercise 14.9): Amdahl's law; `speedup=math.inf` (the part becomes free) is allowed.
 
     CONTRACT: the rest of the time, `1 - fraction`, is unchanged. A `fraction` outside [0, 1]
     raises ValueError("amdahl: fraction must be in [0, 1]; got 1.5") and a `speedup` that is not
@@ -720,3 +818,4 @@ def amdahl(fraction: float, speedup: float) -> float:
     remaining = (1.0 - fraction) + fraction / speedup
     return 1.0 / remaining if remaining else math.inf
     ### END SOLUTION
+

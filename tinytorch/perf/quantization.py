@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import numbers
+import threading
 
 import numpy as np
 
@@ -15,11 +16,12 @@ from ..core.spatial import Conv2dFunction
 from ..core.tensor import Tensor, add_op_observer
 
 # %% auto #0
-__all__ = ['FLOAT_FORMATS', 'AUTOCAST_DTYPES', 'QRANGES', 'QSTORAGE', 'format_limits', 'as_float32', 'float_bits',
+__all__ = ['FLOAT_FORMATS', 'AUTOCAST_DTYPES', 'QRANGES', 'QSTORAGE', 'format_limits', 'dtype_name', 'as_float32', 'float_bits',
            'bits_to_float', 'show_bits', 'to_bfloat16', 'to_float16', 'round_to', 'autocast_dtype', 'autocast',
-           'GradScaler', 'qrange', 'check_qparams', 'quantize', 'dequantize', 'compute_qparams', 'Observer',
-           'int_matmul', 'QuantizedLinear', 'calibration_batches', 'replace_submodule', 'quantize_model',
-           'model_nbytes', 'ternarize', 'TernaryQuantize', 'TernaryLinear', 'pack_ternary', 'unpack_ternary']
+           'GradScaler', 'qrange', 'fma_float32', 'check_qparams', 'quantize', 'dequantize', 'compute_qparams',
+           'Observer', 'int_matmul', 'QuantizedLinear', 'calibration_batches', 'replace_submodule', 'observing',
+           'quantize_model', 'model_nbytes', 'ternarize', 'TernaryQuantize', 'TernaryLinear', 'pack_ternary',
+           'unpack_ternary']
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #c006
 FLOAT_FORMATS = {
@@ -38,6 +40,23 @@ def format_limits(name: str) -> dict:
     bias = 2 ** (e - 1) - 1
     return {"max": (2 - 2.0 ** -m) * 2.0 ** bias, "min_normal": 2.0 ** (1 - bias),
             "min_subnormal": 2.0 ** (1 - bias - m), "eps": 2.0 ** -m}
+
+
+def dtype_name(dtype, choices, who: str) -> str:
+    """The name of `dtype` when it is one of `choices`: a name (`"int8"`), a NumPy type (`np.int8`) or a NumPy
+    dtype (`np.dtype("int8")`) alike, as PyTorch's and NumPy's functions take either. Anything else raises a
+    ValueError naming the caller, the choices and what was given."""
+    name = dtype if isinstance(dtype, str) and dtype in choices else None
+    if name is None and not isinstance(dtype, bool):
+        try:
+            name = np.dtype(dtype).name if dtype is not None else None
+        except TypeError:
+            name = None
+    if name not in choices:
+        shown = dtype.__name__ if isinstance(dtype, type) else repr(dtype)
+        raise ValueError(f"{who}: dtype must be one of {', '.join(repr(c) for c in choices)} (a name or a NumPy dtype, "
+                         f"as np.int8); got {shown}")
+    return name
 
 
 def as_float32(x, who: str) -> np.ndarray:
@@ -98,50 +117,98 @@ def to_bfloat16(x) -> np.ndarray:
 def to_float16(x) -> np.ndarray:
     """Round every element of `x` to the nearest float16 value (ties to even), returned as float32.
 
-    Subnormals (|x| < 2**-14) are multiples of 2**-24; values that round above 65504 become +-inf;
-    NaN stays NaN. Equal, bit for bit, to `torch.tensor(x).to(torch.float16).float()` for every
-    non-NaN float32 input.
+    TODO (Exercise 15.2): round to the FP16 grid near each element: the multiple of the local spacing
+    nearest to it.
+
+    CONTRACT:
+    - `x`: a Tensor, array, list or number (converted to float32, given: `a`).
+    - Returns a float32 array of `x`'s shape: for each element, the nearest FP16 number, ties to the
+      even multiple of the spacing. FP16 has 10 mantissa bits after the leading 1; its smallest
+      normal number is 2**-14, and below it the numbers (subnormals) keep the spacing they have
+      just above it.
+    - Values that round above FP16's largest finite value (`format_limits("float16")["max"]`,
+      65504) become inf of their sign; inf and NaN are kept (given code after yours).
+    - Equal, bit for bit, to `torch.tensor(x).to(torch.float16).float()` for every non-NaN float32.
+    - No Python loop over elements.
+
+    EXAMPLE: `to_float16([1 + 2**-11, 1 + 3 * 2**-11, 65519, 65520])` gives `[1.0, 1.001953125, 65504,
+    inf]` (two ties: down to the even 1.0, up to the even 1 + 2**-9).
+
+    HINTS: `np.frexp`, `np.ldexp`, `np.maximum`, `np.rint` (half to even), `np.where`, `np.copysign`.
     """
     a = as_float32(x, "to_float16")
     with np.errstate(invalid="ignore", over="ignore"):
+        ### BEGIN SOLUTION
         _, exponent = np.frexp(a)                               # a = m * 2**exponent, 0.5 <= |m| < 1
         spacing = np.ldexp(np.float32(1), np.maximum(exponent - 11, -24)).astype(np.float32)
         out = (np.rint(a / spacing) * spacing).astype(np.float32)
         out = np.where(np.abs(out) > format_limits("float16")["max"], np.copysign(np.float32(np.inf), a), out)
+        ### END SOLUTION
     return np.where(np.isfinite(a), out, a).astype(np.float32)
 
 
-def round_to(x, dtype: str) -> np.ndarray:
-    "`to_bfloat16(x)` for 'bfloat16', `to_float16(x)` for 'float16', float32 unchanged for 'float32'."
-    if dtype == "bfloat16":
+def round_to(x, dtype) -> np.ndarray:
+    "`to_bfloat16(x)` for 'bfloat16', `to_float16(x)` for 'float16' (or np.float16), float32 unchanged for 'float32'."
+    name = dtype_name(dtype, ("bfloat16", "float16", "float32"), "round_to")
+    if name == "bfloat16":
         return to_bfloat16(x)
-    if dtype == "float16":
+    if name == "float16":
         return to_float16(x)
-    if dtype == "float32":
-        return as_float32(x, "round_to")
-    raise ValueError(f"round_to: dtype must be 'bfloat16', 'float16' or 'float32'; got {dtype!r}")
+    return as_float32(x, "round_to")
+
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-autocast
 AUTOCAST_DTYPES = ("bfloat16", "float16")
-_AUTOCAST_STACK: list = []          # the dtypes of the autocast blocks we are in, innermost last
-_AUTOCAST_HANDLE = None
+
+
+class _AutocastState(threading.local):
+    "This thread's `autocast` blocks (as PyTorch keeps autocast per thread): their dtypes, innermost last, and the observer."
+
+    def __init__(self):
+        self.dtypes: list = []
+        self.handle = None
+
+
+_AUTOCAST = _AutocastState()
 
 
 def autocast_dtype():
-    "The low-precision dtype of the innermost active `autocast` block, or None outside every block."
-    return _AUTOCAST_STACK[-1] if _AUTOCAST_STACK else None
+    "The low-precision dtype of this thread's innermost active `autocast` block, or None outside every block."
+    dtypes = _AUTOCAST.dtypes
+    return dtypes[-1] if dtypes else None
 
 
 def _autocast_observer(node, out) -> None:
-    "Op observer: recompute matmul and conv2d results from rounded inputs, as a BF16/FP16 matrix unit would."
+    """Op observer: recompute a matmul's result from rounded inputs, as a BF16/FP16 matrix unit would.
+
+    TODO (Exercise 15.3): for a `"matmul"` record, low-precision inputs, a float32 accumulator, a
+    low-precision output.
+
+    CONTRACT:
+    - `dtype` (given) is this thread's autocast dtype ("bfloat16" or "float16"); records of other
+      ops than `"matmul"` are left alone (convolutions: given code after yours).
+    - A matmul record saved its two operand arrays in `node.saved` (a tuple `(a, b)`). Round each to
+      `dtype` with `round_to`, multiply them in float32 (`np.matmul`: float32 accumulation), round
+      the product to `dtype`, and store it as the result's array (`out.data`: the same shape, float32).
+    - Replace `node.saved` by the two *rounded* operands, so that backward multiplies by what the
+      forward used. Returns None.
+
+    EXAMPLE: under `autocast("bfloat16")`, `Tensor([[1 + 2**-10]]) @ Tensor([[3.0]])` gives
+    `[[3.0]]`: the operand rounds to 1.0 in BF16 (8 significant bits), 1.0 * 3.0 = 3.0.
+
+    HINTS: `round_to`, `np.matmul`; a tuple assignment.
+    """
     dtype = autocast_dtype()
     if dtype is None:
         return
+    ### BEGIN SOLUTION
     if node.op == "matmul":
         a, b = (round_to(v, dtype) for v in node.saved)
         out.data = round_to(np.matmul(a, b), dtype)
-        node.saved = (a, b)                        # backward multiplies by the rounded operands
-    elif node.op == "Conv2dFunction":
+        node.saved = (a, b)
+        return
+    ### END SOLUTION
+    if node.op == "Conv2dFunction":
         x, weight, bias = (t.data if t is not None else None for t in node.inputs)
         options = {k: v for k, v in node.attrs.items() if k in ("stride", "padding")}
         result = Conv2dFunction.forward(node.saved, round_to(x, dtype), round_to(weight, dtype), bias, **options)
@@ -149,26 +216,28 @@ def _autocast_observer(node, out) -> None:
 
 
 @contextlib.contextmanager
-def autocast(dtype: str = "bfloat16"):
-    """Inside `with autocast("bfloat16"):` (or "float16"), matmuls and convolutions use rounded inputs.
+def autocast(dtype="bfloat16"):
+    """Inside `with autocast("bfloat16"):` (or "float16", or `np.float16`), this thread's matmuls and
+    convolutions use rounded inputs.
 
     Inputs are rounded to `dtype`, products accumulate in float32, results are rounded to `dtype`;
     everything else (parameters, bias additions, losses, gradients in `.grad`, optimizer state)
-    stays float32. Blocks nest; the innermost dtype wins.
+    stays float32. Blocks nest; the innermost dtype wins. The mode belongs to the thread that entered
+    the block (other threads keep theirs), as PyTorch's autocast.
     """
-    global _AUTOCAST_HANDLE
-    if dtype not in AUTOCAST_DTYPES:
-        raise ValueError(f"autocast: dtype must be one of {AUTOCAST_DTYPES}; got {dtype!r}")
-    _AUTOCAST_STACK.append(dtype)
-    if _AUTOCAST_HANDLE is None:
-        _AUTOCAST_HANDLE = add_op_observer(_autocast_observer)
+    name = dtype_name(dtype, AUTOCAST_DTYPES, "autocast")
+    st = _AUTOCAST
+    st.dtypes.append(name)
+    if st.handle is None:
+        st.handle = add_op_observer(_autocast_observer)
     try:
-        yield dtype
+        yield name
     finally:
-        _AUTOCAST_STACK.pop()
-        if not _AUTOCAST_STACK:
-            _AUTOCAST_HANDLE.remove()
-            _AUTOCAST_HANDLE = None
+        st.dtypes.pop()
+        if not st.dtypes:
+            st.handle.remove()
+            st.handle = None
+
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-grad-scaler
 class GradScaler:
@@ -210,7 +279,7 @@ class GradScaler:
     def unscale_(self, optimizer) -> bool:
         """Divide every gradient of `optimizer`'s parameters by S in place; return whether one is inf or NaN.
 
-        TODO (Exercise 15.2a): unscale in float32 and look for non-finite values.
+        TODO (Exercise 15.4a): unscale in float32 and look for non-finite values.
 
         CONTRACT:
         - Every parameter in `optimizer.params` with a gradient has its `.grad.data` multiplied, in
@@ -245,21 +314,31 @@ class GradScaler:
         ### END SOLUTION
 
     def step(self, optimizer) -> bool:
-        "Unscale if needed, then `optimizer.step()` unless a gradient was inf/NaN; returns whether it stepped."
+        """Unscale if needed, then `optimizer.step()` unless a gradient was inf/NaN; returns whether it stepped.
+
+        TODO (Exercise 15.4b): skip the update of a step that overflowed.
+
+        CONTRACT: unscale the optimizer's gradients if `unscale_` was not called for it since the
+        last `update()` (its entry in `found_inf_per_optimizer` is missing); then call
+        `optimizer.step()` and return True, unless an inf/NaN was found: then return False and leave
+        the parameters as they are. (Disabled: a plain step, given.)
+        """
         if not self.enabled:
             optimizer.step()
             return True
+        ### BEGIN SOLUTION
         if id(optimizer) not in self.found_inf_per_optimizer:
             self.unscale_(optimizer)
         if self.found_inf_per_optimizer[id(optimizer)]:
             return False
         optimizer.step()
         return True
+        ### END SOLUTION
 
     def update(self) -> None:
         """Adapt the scale after a step: back off after an overflow, grow after `growth_interval` good steps.
 
-        TODO (Exercise 15.2b): the update rule of `torch.amp.GradScaler` (`_amp_update_scale_`).
+        TODO (Exercise 15.4c): the update rule of `torch.amp.GradScaler` (`_amp_update_scale_`).
 
         CONTRACT (`found_inf`, given below, is True if any optimizer saw an inf/NaN this step):
         - found_inf: `scale_value` becomes `scale_value * backoff_factor` and `growth_tracker` 0.
@@ -312,20 +391,46 @@ QRANGES = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-2 ** 31, 2 ** 31 -
 QSTORAGE = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32}
 
 
-def qrange(dtype: str) -> tuple:
-    "(qmin, qmax) of an integer dtype name: 'int8', 'uint8' or 'int32'."
-    if dtype not in QRANGES:
-        raise ValueError(f"quantization dtype must be one of {sorted(QRANGES)}; got {dtype!r}")
-    return QRANGES[dtype]
+def qrange(dtype) -> tuple:
+    "(qmin, qmax) of an integer dtype: 'int8', 'uint8' or 'int32', by name or as a NumPy dtype (np.int8)."
+    return QRANGES[dtype_name(dtype, tuple(QRANGES), "quantization")]
 
 
-def check_qparams(scale, zero_point, dtype: str, who: str, shape=None, axis=None) -> tuple:
+def fma_float32(a, b, c) -> np.ndarray:
+    """`a * b + c` for float32 `a`, `b` and float32-or-integer `c`, rounded to float32 *once*, as the CPU's
+    fused multiply-add instruction computes it (PyTorch's vectorised per-tensor quantize uses it).
+
+    The product of two float32 numbers is exact in float64 (24 + 24 bits), and so is the sum almost always;
+    rounding that float64 sum to float32 is then the one rounding. Only where the float64 sum landed exactly
+    half-way between two float32 numbers could the second rounding go the wrong way: there the sum's own
+    rounding error (Knuth's TwoSum) says on which side the exact value lies, and the sum is moved one float64
+    step toward it first (round to odd, Boldo and Melquiond, 2008).
+    """
+    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
+    c = np.asarray(c).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.asarray(p + c)                                     # a fresh C-contiguous array (or 0-d)
+        bits = s.view(np.int64)
+        at = np.flatnonzero((bits & 0x1FFFFFFF) == 0x10000000)   # the low 29 of 52 mantissa bits: a float32 half-way point
+        if at.size:
+            st = s.reshape(-1)[at]
+            pt, ct = (np.broadcast_to(v, s.shape).reshape(-1)[at] for v in (p, c))
+            bp = st - ct
+            err = (pt - bp) + (ct - (st - bp))                      # TwoSum: st + err == pt + ct exactly
+            bits = bits.copy()
+            bits.reshape(-1)[at] += np.where(err == 0, 0, np.where((err > 0) == (st > 0), 1, -1))   # one step toward it
+            s = bits.view(np.float64)
+        return s.astype(np.float32)
+
+
+def check_qparams(scale, zero_point, dtype, who: str, shape=None, axis=None) -> tuple:
     """Checked `(scale, zero_point)`: float32 and int64, scalars (per tensor) or shaped to broadcast along `axis`.
 
     Errors name the bad value: a scale that is zero, negative, inf or NaN; a non-integer zero point
     or one outside the dtype's range; per-channel parameters whose length is not `shape[axis]`.
     """
-    qmin, qmax = qrange(dtype)
+    dtype = dtype_name(dtype, tuple(QRANGES), who)
+    qmin, qmax = QRANGES[dtype]
     s = np.asarray(scale.data if isinstance(scale, Tensor) else scale, dtype=np.float64)
     z = np.asarray(zero_point.data if isinstance(zero_point, Tensor) else zero_point)
     if z.dtype.kind not in "iu" and not (z.dtype.kind == "f" and np.all(np.round(z) == z)):
@@ -355,39 +460,47 @@ def check_qparams(scale, zero_point, dtype: str, who: str, shape=None, axis=None
     return s.astype(np.float32).reshape(view), z.reshape(view)
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-quantize
-def quantize(x, scale, zero_point, dtype: str = "int8", axis=None) -> np.ndarray:
+def quantize(x, scale, zero_point, dtype="int8", axis=None) -> np.ndarray:
     """Affine quantization `q = clamp(round(x / scale + zero_point), qmin, qmax)` as an integer array.
 
-    TODO (Exercise 15.3a): map reals to integers the way PyTorch's `quantize_per_tensor` does.
+    TODO (Exercise 15.5a): map reals to integers the way PyTorch's `quantize_per_tensor` and
+    `quantize_per_channel` do, element for element.
 
     CONTRACT:
-    - `x`: Tensor/array/number (converted to float32, given). `dtype`: 'int8', 'uint8' or 'int32'.
+    - `x`: Tensor/array/number (converted to float32, given). `dtype`: 'int8', 'uint8' or 'int32',
+      or the NumPy type (`np.int8`): given code turns it into its name.
     - `axis=None`: one `scale` and one `zero_point` for the whole tensor. `axis=k`: one per slice
       along axis k (`len(scale) == x.shape[k]`). Given code checks them and gives `s` (float32)
       and `z` (int64), already shaped to broadcast against `x`, and `qmin, qmax`.
-    - In float32: multiply by the reciprocal `1 / s` (one reciprocal, not a division per element),
-      add the zero point, round half to even, clamp to `[qmin, qmax]`.
+    - In float32: `x * (1 / s) + z`, with one reciprocal (not a division per element); per tensor as
+      one fused multiply-add (`fma_float32`: one rounding, PyTorch's per-tensor kernel), per channel
+      as a float32 multiply then a float32 add (PyTorch's per-channel kernel). Then round half to
+      even and clamp to `[qmin, qmax]`.
     - Returns an array of `x`'s shape in the integer type of `dtype` (`QSTORAGE[dtype]`).
 
     EXAMPLE: `quantize([-1.0, 0.25, 0.75, 100.0], 0.5, 0)` is `array([-2, 0, 2, 127], dtype=int8)`
     (0.5 and 1.5 are ties: to the even 0 and 2; 200 is clamped to 127).
 
-    HINTS: `np.float32`, `np.rint` (half to even), `np.clip`, `ndarray.astype`.
+    HINTS: `np.float32`, `fma_float32`, `np.rint` (half to even), `np.clip`, `ndarray.astype`.
     """
     a = as_float32(x, "quantize")
+    dtype = dtype_name(dtype, tuple(QRANGES), "quantize")
     s, z = check_qparams(scale, zero_point, dtype, "quantize", a.shape, axis)
-    qmin, qmax = qrange(dtype)
+    qmin, qmax = QRANGES[dtype]
     ### BEGIN SOLUTION
     inv_scale = np.float32(1.0) / s
-    q = np.rint(a * inv_scale + z.astype(np.float32))
-    return np.clip(q, qmin, qmax).astype(QSTORAGE[dtype])
+    if axis is None:
+        t = fma_float32(a, inv_scale, z)
+    else:
+        t = a * inv_scale + z.astype(np.float32)
+    return np.clip(np.rint(t), qmin, qmax).astype(QSTORAGE[dtype])
     ### END SOLUTION
 
 
 def dequantize(q, scale, zero_point, axis=None) -> np.ndarray:
     """The reals an integer array stands for: `(q - zero_point) * scale`, as float32.
 
-    TODO (Exercise 15.3b): the inverse map (exact for every integer; the rounding was in quantize).
+    TODO (Exercise 15.5b): the inverse map (exact for every integer; the rounding was in quantize).
 
     CONTRACT: `q` an int8, uint8 or int32 array (else TypeError, given); `scale`, `zero_point`,
     `axis` as in `quantize` (checked, given: `s`, `z`). Computed in float32 as
@@ -407,14 +520,15 @@ def dequantize(q, scale, zero_point, axis=None) -> np.ndarray:
     ### END SOLUTION
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-compute-qparams
-def compute_qparams(min_val, max_val, dtype: str = "int8", symmetric: bool = False) -> tuple:
+def compute_qparams(min_val, max_val, dtype="int8", symmetric: bool = False) -> tuple:
     """`(scale, zero_point)` mapping `[min_val, max_val]` onto `dtype`'s integers, as PyTorch's observers.
 
-    TODO (Exercise 15.4): the min/max observer's formulas (the markdown above), in float32.
+    TODO (Exercise 15.6): the min/max observer's formulas (the markdown above), in float32.
 
     CONTRACT:
     - `min_val`, `max_val`: numbers (per tensor) or arrays of one shape (one range per channel);
-      checked by the given code (`lo`, `hi` float32 arrays; `qmin, qmax`; `eps` float32's eps).
+      checked by the given code (`lo`, `hi` float32 arrays; `qmin, qmax`; `eps` float32's eps);
+      `dtype` a name or a NumPy type (given code turns it into its name).
     - The range is widened to include 0 first.
     - Asymmetric: `scale = (hi - lo) / (qmax - qmin)`, `zero_point = qmin - round(lo / scale)`
       (half to even) clamped to `[qmin, qmax]`. Symmetric: `scale = max(-lo, hi) / ((qmax - qmin) / 2)`,
@@ -428,7 +542,8 @@ def compute_qparams(min_val, max_val, dtype: str = "int8", symmetric: bool = Fal
 
     HINTS: `np.minimum`, `np.maximum`, `np.float32`, `np.rint`, `np.clip`, `np.full`, `astype`.
     """
-    qmin, qmax = qrange(dtype)
+    dtype = dtype_name(dtype, tuple(QRANGES), "compute_qparams")
+    qmin, qmax = QRANGES[dtype]
     lo = np.asarray(min_val, dtype=np.float32)
     hi = np.asarray(max_val, dtype=np.float32)
     if lo.shape != hi.shape:
@@ -475,28 +590,61 @@ class Observer:
         return a.reshape(1, -1) if self.axis is None else np.moveaxis(a, self.axis, 0).reshape(a.shape[self.axis], -1)
 
     def __call__(self, x):
+        """Record one tensor's values and return it unchanged (an observer sits in a forward pass).
+
+        TODO (Exercise 15.7a): update the running range, per tensor or per channel.
+
+        CONTRACT:
+        - `a` (given) is `x` as float32; an empty tensor changes nothing. `rows` (given) holds one
+          row per channel (`axis` set) or a single row of every value (`axis=None`).
+        - `self.min_val` and `self.max_val` become the smallest and largest value of each row seen
+          so far over every call: float32 arrays of one entry per row (None before the first call).
+        - With `method="percentile"`, also keep a copy of the rows in `self.samples` (a list, one
+          entry per call) for `range()`.
+        - Returns `x` itself.
+
+        HINTS: `ndarray.min` and `max` with `axis`; `np.minimum`, `np.maximum`; `ndarray.copy`.
+        """
         a = as_float32(x, "Observer")
         if a.size:
             rows = self._rows(a)
+            ### BEGIN SOLUTION
             lo, hi = rows.min(axis=1), rows.max(axis=1)
             self.min_val = lo if self.min_val is None else np.minimum(self.min_val, lo)
             self.max_val = hi if self.max_val is None else np.maximum(self.max_val, hi)
             if self.method == "percentile":
                 self.samples.append(rows.copy())
+            ### END SOLUTION
         return x
 
     def range(self) -> tuple:
-        "(lo, hi) of what was observed: numbers per tensor, arrays per channel."
+        """`(lo, hi)` of what was observed: two Python floats per tensor, two float32 arrays per channel.
+
+        TODO (Exercise 15.7b): min/max from the running extremes; percentile from every value kept.
+
+        CONTRACT:
+        - Nothing observed yet: RuntimeError (given).
+        - "minmax": the running `min_val` and `max_val`.
+        - "percentile": for each row, the `(100 - percentile)`-th and `percentile`-th percentiles of
+          all the values seen in that row over every call (NumPy's default linear interpolation),
+          as float32.
+        - Per tensor (`axis=None`) the two numbers as Python floats; per channel, float32 arrays of
+          one entry per channel.
+
+        HINTS: `np.concatenate` along the axis that holds the values; `np.percentile` with `axis`.
+        """
         if self.min_val is None:
             raise RuntimeError("Observer.range: nothing observed yet; pass calibration data through the observer first")
+        ### BEGIN SOLUTION
         lo, hi = self.min_val, self.max_val
         if self.method == "percentile":
             rows = np.concatenate(self.samples, axis=1)
             lo = np.percentile(rows, 100 - self.percentile, axis=1).astype(np.float32)
             hi = np.percentile(rows, self.percentile, axis=1).astype(np.float32)
         return (float(lo[0]), float(hi[0])) if self.axis is None else (lo, hi)
+        ### END SOLUTION
 
-    def qparams(self, dtype: str = "int8", symmetric: bool = False) -> tuple:
+    def qparams(self, dtype="int8", symmetric: bool = False) -> tuple:
         "(scale, zero_point) for the observed range: a float and an int per tensor, arrays per channel."
         scale, zero_point = compute_qparams(*self.range(), dtype, symmetric)
         return (float(scale), int(zero_point)) if self.axis is None else (scale, zero_point)
@@ -505,11 +653,26 @@ class Observer:
 def int_matmul(a, b) -> np.ndarray:
     """Exact integer matmul `a @ b` with an int32 result, computed by float BLAS where that is exact.
 
-    Raises OverflowError when a sum could exceed int32 (the bound `K * max|a| * max|b|`).
+    TODO (Exercise 15.8a): an int32 accumulator emulated with a float matmul that cannot round.
+
+    CONTRACT:
+    - `a`, `b`: integer arrays (else TypeError, given) that `np.matmul` accepts; K is `a`'s last axis.
+    - The largest possible `|sum|` is `K * max|a| * max|b|`. Above 2**31 - 1 (an int32 accumulator
+      would overflow) raise `OverflowError("int_matmul: a sum of 16 products of up to 128 x 127 can
+      reach 260,096, beyond an int32 accumulator (2,147,483,647)")` with those numbers.
+    - Otherwise multiply in float32 if the bound is at most 2**24 (every such integer is exact in
+      float32), else in float64; return the product as int32.
+
+    EXAMPLE: `int_matmul(np.array([[127, -128]], np.int8), np.array([[2], [3]], np.int8))` is
+    `array([[-130]], dtype=int32)`.
+
+    HINTS: `np.abs`, `ndarray.max` with `initial=0` (an empty operand), `astype`, `np.matmul`; `{:,}`
+    in an f-string writes thousands separators.
     """
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
         raise TypeError(f"int_matmul: integer operands expected; got {a.dtype} and {b.dtype}")
+    ### BEGIN SOLUTION
     k = a.shape[-1]
     amax, bmax = int(np.abs(a).max(initial=0)), int(np.abs(b).max(initial=0))
     bound = k * amax * bmax
@@ -518,6 +681,8 @@ def int_matmul(a, b) -> np.ndarray:
                             "beyond an int32 accumulator (2,147,483,647)")
     exact = np.float32 if bound <= 2 ** 24 else np.float64        # every integer up to 2**24 (2**53) is exact
     return np.matmul(a.astype(exact), b.astype(exact)).astype(np.int32)
+    ### END SOLUTION
+
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-quantized-linear
 class QuantizedLinear(Module):
@@ -528,7 +693,7 @@ class QuantizedLinear(Module):
     """
 
     def __init__(self, weight_q, weight_scale, bias, input_scale, input_zero_point, output_scale=None,
-                 output_zero_point=None, act_dtype: str = "uint8"):
+                 output_zero_point=None, act_dtype="uint8"):
         super().__init__()
         self.weight_q = np.asarray(weight_q)
         if self.weight_q.dtype != np.int8 or self.weight_q.ndim != 2:
@@ -541,8 +706,7 @@ class QuantizedLinear(Module):
                       self.weight_q.shape, 0 if self.per_channel else None)
         self.weight_scale = scale
         self.bias = None if bias is None else as_float32(bias, "QuantizedLinear").copy()
-        qrange(act_dtype)
-        self.act_dtype = act_dtype
+        self.act_dtype = act_dtype = dtype_name(act_dtype, tuple(QRANGES), "QuantizedLinear")
         s, z = check_qparams(input_scale, input_zero_point, act_dtype, "QuantizedLinear (input)")
         self.input_scale, self.input_zero_point = float(s), int(z)
         self.output_scale = self.output_zero_point = None
@@ -552,7 +716,7 @@ class QuantizedLinear(Module):
 
     @classmethod
     def from_float(cls, linear, input_qparams, output_qparams=None, per_channel: bool = True,
-                   act_dtype: str = "uint8") -> "QuantizedLinear":
+                   act_dtype="uint8") -> "QuantizedLinear":
         "Quantize a trained `Linear`: symmetric int8 weights (per output row or per tensor), float32 bias."
         if not isinstance(linear, Linear):
             raise TypeError(f"QuantizedLinear.from_float: expected a Linear; got {type(linear).__name__}")
@@ -570,7 +734,7 @@ class QuantizedLinear(Module):
     def forward(self, x) -> Tensor:
         """`x (..., in_features)` float -> `(..., out_features)` float32 Tensor, computed in integers.
 
-        TODO (Exercise 15.5): quantize the input, integer matmul, scale, bias, requantize.
+        TODO (Exercise 15.8b): quantize the input, integer matmul, scale, bias, requantize.
 
         CONTRACT:
         - `a` (given) is the input as float32; a wrong last dimension raises the ValueError of
@@ -640,26 +804,49 @@ def replace_submodule(root: Module, path: str, new) -> None:
         setattr(obj, last, new)
 
 
+def observing(input_observer, output_observer):
+    "A forward hook `hook(module, args, output)` feeding a layer's input to one observer and its output to the other; returns None (the output is kept)."
+    def hook(module, args, output):
+        input_observer(args[0])
+        output_observer(output)
+    return hook
+
+
 def quantize_model(model: Module, calibration_data, per_channel: bool = True, method: str = "minmax",
-                   percentile: float = 99.99, act_dtype: str = "uint8") -> Module:
+                   percentile: float = 99.99, act_dtype="uint8") -> Module:
     """Post-training static quantization: a copy of `model` with every `Linear` as a `QuantizedLinear`.
 
-    The calibration data (a DataLoader, a list of batches, or one batch) runs through `model` in eval
-    mode without a graph; forward hooks feed each Linear's input and output to observers (`method`
-    "minmax" or "percentile"). `model` itself is left as it was.
+    TODO (Exercise 15.9a): calibrate (run the data through the float model and watch every Linear's
+    input and output), then convert (a copy whose Linears are quantized with what was watched).
+
+    CONTRACT:
+    - `linears` (given): `(path, Linear)` of every Linear of `model`, in `named_modules` order;
+      `act_dtype` (given) is the dtype's name.
+    - Calibration: one pair of `Observer(method, percentile)` per Linear, fed that Linear's input
+      (`args[0]`) and its output on every batch by a forward hook; the batches of
+      `calibration_batches(calibration_data)` run through `model` in eval mode and without a
+      graph. Afterwards the hooks are removed and `model`'s training mode is what it was, also
+      when the model raised. No batch at all: `ValueError("quantize_model: the calibration data
+      gave no batch")`.
+    - Conversion: a deep copy of `model` in which each Linear is replaced (`replace_submodule`, given)
+      by `QuantizedLinear.from_float(linear, input observer's qparams(act_dtype), output observer's
+      qparams(act_dtype), per_channel, act_dtype)`; returned in eval mode. When `model` *is* a
+      Linear (its path is ""), that QuantizedLinear is the result. `model` itself is unchanged.
+
+    EXAMPLE: `quantize_model(Sequential(Linear(64, 128), ReLU(), Linear(128, 10)), batches)` is a
+    `Sequential(QuantizedLinear(...), ReLU(), QuantizedLinear(...))`.
+
+    HINTS: `observing` (given: the hook of one Linear's two observers), `Module.register_forward_hook`
+    (module 03) and `handle.remove`, `Module.eval` and `Module.train`, `no_grad`, `try`/`finally`,
+    `copy.deepcopy`.
     """
+    act_dtype = dtype_name(act_dtype, tuple(QRANGES), "quantize_model")
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)]
     if not linears:
         raise ValueError(f"quantize_model: {type(model).__name__} has no Linear layer to quantize")
+    ### BEGIN SOLUTION
     observers = {name: (Observer(method, percentile), Observer(method, percentile)) for name, _ in linears}
-
-    def watch(name):
-        def hook(module, args, output):
-            observers[name][0](args[0])
-            observers[name][1](output)
-        return hook
-
-    handles = [m.register_forward_hook(watch(name)) for name, m in linears]
+    handles = [m.register_forward_hook(observing(*observers[name])) for name, m in linears]
     was_training = model.training
     model.eval()
     batches = 0
@@ -682,10 +869,27 @@ def quantize_model(model: Module, calibration_data, per_channel: bool = True, me
             return layer
         replace_submodule(quantized, name, layer)
     return quantized.eval()
+    ### END SOLUTION
 
 
 def model_nbytes(model: Module) -> int:
-    "Bytes of stored weights: float parameters, QuantizedLinear int8 weights + scales, packed TernaryLinear weights."
+    """Bytes of stored weights: float parameters, QuantizedLinear int8 weights + scales, packed TernaryLinear weights.
+
+    TODO (Exercise 15.9b): what the deployed model stores, each layer in its own format.
+
+    CONTRACT:
+    - A `QuantizedLinear` counts its `nbytes` (int8 weights, float32 scales and bias).
+    - A layer whose class has a `packed_nbytes` property (a `TernaryLinear`, section 6) counts that, and
+      its own parameters (the float latent weights it trains with) are not counted again.
+    - Every other parameter of `model` counts its `nbytes` once (tied parameters once).
+    - Returns a Python int.
+
+    EXAMPLE: `Sequential(Linear(64, 128), ReLU(), Linear(128, 10))` stores 4 * 9,610 = 38,440 bytes;
+    after `quantize_model`, 9,470 bytes of int8 weights plus its float32 scales and biases.
+
+    HINTS: `Module.named_modules`, `isinstance`, `hasattr` on `type(m)`, a set of parameter `id`s.
+    """
+    ### BEGIN SOLUTION
     total, counted = 0, set()
     for _, m in model.named_modules():
         if isinstance(m, QuantizedLinear):
@@ -693,13 +897,15 @@ def model_nbytes(model: Module) -> int:
         elif hasattr(type(m), "packed_nbytes"):          # a layer that stores its weights packed (TernaryLinear)
             total += m.packed_nbytes
             counted.update(id(p) for p in m.parameters())
-    return total + sum(p.nbytes for p in model.parameters() if id(p) not in counted)
+    return int(total + sum(p.nbytes for p in {id(p): p for p in model.parameters()}.values() if id(p) not in counted))
+    ### END SOLUTION
+
 
 # %% ../../modules/15_quantization/15_quantization.ipynb #quantization-ternarize
 def ternarize(w) -> tuple:
     """BitNet b1.58 absmean ternarization: `(t, scale)` with `t` in {-1, 0, +1} (int8) and `w ~ t * scale`.
 
-    TODO (Exercise 15.6): scale = the mean absolute value of `w` plus 1e-8 (so an all-zero matrix
+    TODO (Exercise 15.10): scale = the mean absolute value of `w` plus 1e-8 (so an all-zero matrix
     does not divide by zero), as a float32; `t = clip(round(w / scale), -1, 1)` with round half to
     even, as int8.
 

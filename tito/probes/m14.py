@@ -1,19 +1,73 @@
-"""Probes of module 14 (profiling): see tito/probes/__init__.py. Substitutes (one bug charged once): 14.3 runs
-the reference `op_flops`; 14.5 the reference `op_flops`, `op_bytes` and `ModulePaths`. 14.5's timings are
-checked here, in the trusted process, for their structure (positive, in order, not overlapping), never for
-their values."""
+"""Probes of module 14 (profiling): see tito/probes/__init__.py.
+
+No substitutes: an exercise that builds on an earlier one is checked on its own inputs. 14.3 and 14.5 run with
+`op_flops` (and 14.5 with `op_bytes`) replaced, for the length of the probe, by stand-ins that return numbers
+drawn from the record's own fields (data, not FLOPs: no formula of 14.1 or 14.2 is in them), and 14.5 pushes
+module paths by hand instead of calling 14.4's hooks; so a wrong 14.1, 14.2 or 14.4 is charged to itself only.
+14.5's timings are checked here, in the trusted process, for their structure (positive, in order, not
+overlapping), never for their values. 14.8 and 14.9 compare numbers as numbers: a Python float where the
+reference returned a NumPy scalar is the same answer.
+"""
+import contextlib
 import math
 
 import numpy as np
 
-from . import Probe, compare, probe
+from . import Arr, Probe, Seq, compare, probe
 
-PATHS = ("ModulePaths.attach", "ModulePaths.push", "ModulePaths.pop")
+
+def _as_number(v):
+    "A number of either kind (Python int or float, a 0-d NumPy array or scalar) as a Python float; else unchanged."
+    if isinstance(v, Arr) and v.a.ndim == 0 and v.a.dtype.kind in "iuf":
+        return float(v.a)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, Seq):
+        return Seq(v.kind, [_as_number(x) for x in v.items])
+    return v
+
+
+def _numbers(exercise: str, messages: bool = True):
+    "A check= that compares every record as `compare` does, numbers as numbers whatever their type."
+    p = Probe(exercise, exercise.split(".")[0], None, rtol=1e-9, atol=0.0, messages=messages)
+
+    def check(got, want):
+        for key in want:
+            why = compare(_as_number(got[key]), _as_number(want[key]), p, key)
+            if why:
+                return why
+        return ""
+    return check
+
+
+def _stand_in_flops(op, shapes, out):
+    "Numbers read off a record (op name, operand count, result size): a stand-in for op_flops, not a FLOP count."
+    return 1000 * len(op) + 10 * len(shapes) + int(np.prod(out, dtype=np.int64)), 7 * len(op) + sum(s is None for s in shapes)
+
+
+def _stand_in_bytes(op, inputs, out):
+    "Numbers read off a record: a stand-in for op_bytes, not a byte count."
+    return 100 * len(op) + len(inputs), 3 * int(np.asarray(out).size)
+
+
+@contextlib.contextmanager
+def _replaced(**stand_ins):
+    "Replace module-level functions of the profiler module while the probe runs (data in place of earlier exercises)."
+    from tinytorch.perf import profiler
+
+    saved = {name: getattr(profiler, name) for name in stand_ins}
+    for name, fn in stand_ins.items():
+        setattr(profiler, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(profiler, name, fn)
 
 
 @probe("14.1")
 def flops(rng, rec):
-    from tinytorch.perf.profiler import op_flops
+    from tinytorch.perf.profiler import backward_flops, op_flops
 
     b, m, k, n = (int(v) for v in rng.integers(2, 9, size=4))
     cases = {
@@ -33,11 +87,20 @@ def flops(rng, rec):
         "lookup": ("EmbeddingLookup", [(10, 4), None], (2, 3, 4)),
         "xent": ("cross_entropy", [(6, 10)], ()),
         "exp": ("exp", [(m, n)], (m, n)),
+        "zero_": ("zero_", [(m, n), None], (m, n)),
+        "add_": ("add_", [(m, n), (n,)], (m, n)),
     }
     for key, args in cases.items():
         out = rec.call(key, op_flops, *args)
         if isinstance(out, tuple):
             rec[key + "_types"] = [type(v).__name__ for v in out]
+    for key in ("matmul", "batched", "bcast", "conv", "conv_rect", "add", "exp"):
+        op, shapes, out_shape = cases[key]
+        for needs in ((True, True, True), (False, True, False), (True, False, True), (False, False, False)):
+            tag = "".join("1" if x else "0" for x in needs)
+            got = rec.call(f"bwd_{key}_{tag}", backward_flops, op, shapes, out_shape, needs[:len(shapes)])
+            if isinstance(got, tuple):
+                rec[f"bwd_{key}_{tag}_types"] = [type(v).__name__ for v in got]
 
 
 @probe("14.2")
@@ -63,6 +126,13 @@ def nbytes(rng, rec):
         "f64": ("exp", [d], np.exp(d)),
         "sum": ("sum", [d], d.sum()),
         "noncontig": ("reshape", [m.T], m.T.reshape(1000)),
+        "add_": ("add_", [a, b], a),
+        "sub_bcast": ("sub_", [m, m[0]], m),
+        "mul_const": ("mul_", [d, None], d),
+        "zero_": ("zero_", [d, None], d),
+        "fill_view": ("fill_", [m[:7], None], m[:7]),
+        "copy_": ("copy_", [a, b], a),
+        "copy_const": ("copy_", [a, None], a),
     }
     for key, args in cases.items():
         out = rec.call(key, op_bytes, *args)
@@ -78,11 +148,12 @@ def _gpt(rng, *args):
     return GPT(*args, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("14.3", uses=("op_flops",))
+@probe("14.3")
 def count(rng, rec):
+    from tinytorch.core.autograd import no_grad
     from tinytorch.core.layers import Linear
     from tinytorch.core.spatial import Conv2d
-    from tinytorch.core.tensor import Tensor
+    from tinytorch.core.tensor import Tensor, active_op_observers, observe_ops
     from tinytorch.perf.profiler import FlopCounter, count_flops
 
     def as_data(c):
@@ -90,31 +161,31 @@ def count(rng, rec):
 
     layer = Linear(32, 16, rng=int(rng.integers(0, 2 ** 30)))
     x = Tensor(rng.standard_normal((8, 32)).astype(np.float32))
-    rec.call("linear", lambda: as_data(count_flops(layer, x)))
     gpt = _gpt(rng, 37, 8, 16, 4, 2)
     ids = rng.integers(0, 37, size=(2, 8))
-    rec.call("gpt", lambda: as_data(count_flops(gpt, ids)))
-    rec["no_grads"] = [p.grad is None for p in gpt.parameters()]
-    rec.call("lambda", lambda: as_data(count_flops(lambda t: t @ t.T, x)))
     conv = Conv2d(3, 4, 3, padding=1, rng=0)
-    rec.call("conv", lambda: as_data(count_flops(conv, Tensor(np.ones((2, 3, 5, 5), np.float32)))))
-    from tinytorch.core.tensor import active_op_observers
+    with _replaced(op_flops=_stand_in_flops):
+        rec.call("linear", lambda: as_data(count_flops(layer, x)))
+        rec.call("gpt", lambda: as_data(count_flops(gpt, ids)))
+        rec["no_grads"] = [p.grad is None for p in gpt.parameters()]
+        rec.call("lambda", lambda: as_data(count_flops(lambda t: t @ t.T, x)))
+        rec.call("conv", lambda: as_data(count_flops(conv, Tensor(np.ones((2, 3, 5, 5), np.float32)))))
+        n_before = len(active_op_observers())
 
-    n_before = len(active_op_observers())
+        def broken(_):
+            raise RuntimeError("boom")
+        rec.call("broken", count_flops, broken, x)
+        rec["observers_left"] = len(active_op_observers()) - n_before
+        counter = FlopCounter()
 
-    def broken(_):
-        raise RuntimeError("boom")
-    rec.call("broken", count_flops, broken, x)
-    rec["observers_left"] = len(active_op_observers()) - n_before
-    counter = FlopCounter()
-    from tinytorch.core.autograd import no_grad
-    from tinytorch.core.tensor import observe_ops
-
-    def observed():
-        with no_grad(), observe_ops(counter):
-            out = layer(x) * 2.0
-        return [out, {k: list(v) for k, v in counter.by_op.items()}]
-    rec.call("counter", observed)
+        def observed():
+            with no_grad(), observe_ops(counter):
+                out = layer(x) * 2.0
+                out.sum()
+                layer(x)
+            return [out, {k: list(v) for k, v in counter.by_op.items()},
+                    [type(v).__name__ for entry in counter.by_op.values() for v in entry]]
+        rec.call("counter", observed)
 
 
 @probe("14.4")
@@ -126,11 +197,17 @@ def paths(rng, rec):
     from tinytorch.perf.profiler import ModulePaths
 
     net = Sequential(Linear(4, 8, rng=0), ReLU(), Linear(8, 2, rng=1))
+    alone, stack = ModulePaths(["outer"]), None
+    alone.names[id(net)] = "fc"
+    rec.call("push_returns", alone.push, net, ())
+    rec["push_stack"] = list(alone.stack)
+    rec.call("pop_returns", lambda: repr(alone.pop(net, (), Tensor(np.ones(2)))))
+    rec["pop_stack"] = list(alone.stack)
     stack, seen = [], []
     tracker = rec.call("attach", lambda: ModulePaths(stack).attach(net))
     if tracker is None:
         return
-    rec["attach"] = [tracker is not None and type(tracker).__name__, getattr(tracker, "stack", None) is stack,
+    rec["attach"] = [type(tracker).__name__, getattr(tracker, "stack", None) is stack,
                      len(getattr(tracker, "handles", []))]
     x = Tensor(rng.standard_normal((3, 4)).astype(np.float32))
 
@@ -139,6 +216,19 @@ def paths(rng, rec):
             y = net(x)
         return [y, list(stack), list(seen)]
     rec.call("forward", run)
+
+    def raising():
+        try:
+            net(Tensor(np.ones((3, 5), np.float32)))   # the wrong width: Linear(4, 8) raises
+        except Exception as e:  # noqa: BLE001
+            kind = type(e).__name__
+        else:
+            kind = ""
+        left = list(stack)
+        seen.clear()
+        after = run()
+        return [kind, left, after[2]]
+    rec.call("raising", raising)
     rec.call("remove", tracker.remove)
     seen.clear()
     rec.call("after_remove", run)
@@ -155,18 +245,6 @@ def paths(rng, rec):
         return [per_op, left, hooks]
     rec.call("gpt", on_gpt)
 
-    def raising():
-        t = ModulePaths().attach(net)
-        try:
-            net(Tensor(np.ones((3, 5), np.float32)))
-        except Exception as e:  # the wrong width: the stack must still be usable afterwards
-            kind = type(e).__name__
-        else:
-            kind = ""
-        t.remove()
-        return kind
-    rec.call("raising", raising)
-
 
 def _events(prof):
     return [(e.name, e.module, tuple(e.input_shapes), tuple(e.output_shape), str(e.dtype), e.flops, e.other_flops,
@@ -174,7 +252,8 @@ def _events(prof):
 
 
 def _times(prof):
-    return [[int(e.start_ns), int(e.dur_ns)] for e in prof.events] + [[int(getattr(prof, "_op_ns", -1)), 0]]
+    "The ops' [start, duration] in order, then the profiler's total op time: their structure is checked, not their values."
+    return [[int(e.start_ns), int(e.dur_ns)] for e in prof.events if e.kind == "op"] + [[int(getattr(prof, "_op_ns", -1)), 0]]
 
 
 def _profiler_check(got, want):
@@ -206,42 +285,37 @@ def _profiler_check(got, want):
     return ""
 
 
-@probe("14.5", uses=("op_flops", "op_bytes") + PATHS, check=_profiler_check)
+@probe("14.5", check=_profiler_check)
 def profiler(rng, rec):
-    from tinytorch.core.activations import ReLU
-    from tinytorch.core.layers import Linear, Sequential
     from tinytorch.core.tensor import Tensor
     from tinytorch.perf.profiler import Profiler, record_function
 
     m, k, n = (int(v) for v in rng.integers(4, 40, size=3))
     a = Tensor(rng.standard_normal((m, k)).astype(np.float32))
     b = Tensor(rng.standard_normal((k, n)).astype(np.float32))
+    w = Tensor(np.ones(int(rng.integers(5, 50)), np.float32))
 
     def ops():
         with Profiler() as prof:
             c = (a @ b) * 2.0
+            prof._stack.append("encoder.fc")   # a module path, pushed as 14.4's hooks would
             c.sum()
             Tensor(rng.standard_normal((3, 4))).exp()
+            prof._stack.append("encoder.fc.inner")
+            w.mul_(0.5)
+            prof._stack.pop()
+            prof._stack.pop()
+            with record_function("after"):
+                c.exp()
         a @ b  # after the block: nothing recorded
         return prof
-    prof = rec.call("ops", ops)
-    if prof is not None:
-        rec["ops"] = _events(prof)
-        rec["times_ops"] = _times(prof)
-        rec.call("total_flops", prof.total_flops)
-        rec.call("total_all", prof.total_flops, include_other=True)
-    net = Sequential(Linear(4, 8, rng=0), ReLU(), Linear(8, 2, rng=1))
-
-    def model():
-        with Profiler(net, backward=False) as p:
-            out = net(Tensor(rng.standard_normal((3, 4)).astype(np.float32)))
-            with record_function("after"):
-                out.sum()
-        return p
-    prof = rec.call("model", model)
-    if prof is not None:
-        rec["model"] = _events(prof)
-        rec["times_model"] = _times(prof)
+    with _replaced(op_flops=_stand_in_flops, op_bytes=_stand_in_bytes):
+        prof = rec.call("ops", ops)
+        if prof is not None:
+            rec["ops"] = _events(prof)
+            rec["times_ops"] = _times(prof)
+            rec.call("total_flops", prof.total_flops)
+            rec.call("total_all", prof.total_flops, include_other=True)
 
 
 @probe("14.6", messages=True)
@@ -269,9 +343,38 @@ def summary(rng, rec):
     rec.call("bad_group", summarize, events, group_by="layer")
 
 
-@probe("14.7", messages=True)
+@probe("14.7")
+def memory(rng, rec):
+    from tinytorch.core.tensor import Tensor
+    from tinytorch.perf.profiler import graph_memory
+
+    r, c, o = (int(v) for v in rng.integers(2, 9, size=3))
+    x = Tensor(rng.standard_normal((r, c)).astype(np.float32))
+    w = Tensor(rng.standard_normal((c, o)).astype(np.float32), requires_grad=True)
+    bias = Tensor(np.zeros(o, np.float64), requires_grad=True)
+    rec.call("matmul_sum", graph_memory, (x @ w).sum())
+    h = x @ w
+    rec.call("views", graph_memory, (h.reshape(r * o) * h.reshape(r * o)).sum() + h.T.sum() + h[1:].sum())
+    rec.call("reused", graph_memory, ((x @ w) * (x @ w) + x.sum()).sum())
+    rec.call("f64_bias", graph_memory, (x @ w + bias).sum())
+    y = (x @ w).sum()
+    y.backward()
+    rec.call("released", graph_memory, y)
+    rec.call("leaf", graph_memory, Tensor(np.ones(3, np.float32)))
+    deep = Tensor(np.ones(4, np.float32), requires_grad=True)
+    out = deep
+    for _ in range(3000):
+        out = out * 1.0
+    rec.call("deep", graph_memory, out)
+    from tinytorch.core.layers import Linear
+
+    lin = Linear(c, o, rng=int(rng.integers(0, 2 ** 30)))
+    rec.call("linear", graph_memory, (lin(x) * 2.0).sum())
+
+
+@probe("14.8", check=_numbers("14.8"))
 def roofline(rng, rec):
-    from tinytorch.perf.profiler import amdahl, roofline as roof
+    from tinytorch.perf.profiler import place_on_roofline, roofline as roof
 
     peak, bw = float(rng.uniform(1e10, 1e12)), float(rng.uniform(1e9, 1e11))
     rec.call("low", roof, 2.0, 100e9, 10e9)
@@ -280,8 +383,31 @@ def roofline(rng, rec):
     rec.call("array", roof, np.array([0.1, 10.0, 1000.0]), 100e9, 10e9)
     rec.call("random", roof, rng.uniform(0, 200, size=7), peak, bw)
     rec.call("zero", roof, 0.0, 1e9, 1e9)
+
+    def place(*args):
+        p = place_on_roofline(*args)
+        return [p.intensity, p.attained, p.bound, p.limit, p.fraction,
+                [type(v).__name__ for v in (p.intensity, p.attained, p.bound, p.fraction)]]
+    rec.call("example", place, 2e9, 1e9, 0.5, 100e9, 10e9)
+    rec.call("compute", place, 2 * 512 ** 3, 3 * 512 * 512 * 4, 0.01, 100e9, 10e9)
+    rec.call("no_bytes", place, 10, 0, 1e-6, 1e9, 1e9)
+    rec.call("at_ridge", place, np.int64(1000), np.int64(100), np.float64(1e-6), 1e10, 1e9)
+    rec.call("above", place, 1e6, 1e6, 1e-6, peak, bw)
+    for i in range(6):
+        rec.call(f"random{i}", place, float(rng.uniform(1, 1e9)), float(rng.uniform(1, 1e8)), float(rng.uniform(1e-6, 1)),
+                 peak, bw)
+    for key, args in {"bad_flops": (0, 10, 1.0, 1e9, 1e9), "bad_bytes": (5, -1, 1.0, 1e9, 1e9),
+                      "bad_seconds": (5, 10, 0, 1e9, 1e9), "bad_peak": (5, 10, 1.0, -1.0, 1e9),
+                      "bad_bandwidth": (5, 10, 1.0, 1e9, 0), "nan_seconds": (5, 10, math.nan, 1e9, 1e9)}.items():
+        rec.call(key, place_on_roofline, *args)
+
+
+@probe("14.9", check=_numbers("14.9"))
+def amdahl(rng, rec):
+    from tinytorch.perf.profiler import amdahl as law
+
     for key, args in {"half": (0.5, 2), "free": (0.5, math.inf), "none": (0.0, 10), "all": (1.0, 10),
                       "all_free": (1.0, math.inf), "p4": (0.4, math.inf), "p9": (0.9, 10),
                       "slower": (0.3, 0.5), "rand": (float(rng.uniform()), float(rng.uniform(1, 20))),
                       "bad_fraction": (1.5, 2), "bad_speedup": (0.5, 0), "neg_fraction": (-0.1, 2)}.items():
-        rec.call(key, amdahl, *args)
+        rec.call(key, law, *args)

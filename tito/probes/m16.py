@@ -1,7 +1,12 @@
-"""Probes of module 16 (compression): see tito/probes/__init__.py. No exercise calls another (each uses the given
-helpers), so there are no substitutes. 16.4's factors are unique only up to the signs of the singular vectors:
-they are compared here, in the trusted process, through their product and their row norms."""
+"""Probes of module 16 (compression): see tito/probes/__init__.py. No substitutes: 16.3's `prune_magnitude` calls
+16.1 and 16.2, so its probe replaces them by stand-ins that return masks drawn in the probe (data), and checks
+what `prune_magnitude` does with them; every other exercise stands alone. 16.5 draws layers whose rows rank
+differently by the L1, L2 and max norms, so a score by the wrong norm keeps other units. 16.6's factors are unique
+only up to the signs of the singular vectors: they are compared here, in the trusted process, through their product
+and their row norms."""
 import numpy as np
+
+import contextlib
 
 from . import Probe, compare, probe
 
@@ -44,7 +49,91 @@ def global_masks(rng, rec):
     rec.call("bad", global_magnitude_masks, ws, 1.0)
 
 
+@contextlib.contextmanager
+def _replaced(obj, **stand_ins):
+    saved = {name: getattr(obj, name) for name in stand_ins}
+    for name, value in stand_ins.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)
+
+
 @probe("16.3", messages=True)
+def masks(rng, rec):
+    from tinytorch.core.activations import ReLU
+    from tinytorch.core.layers import Linear, Sequential
+    from tinytorch.core.tensor import Tensor
+    from tinytorch.perf import compression
+    from tinytorch.perf.compression import PruningMasks
+
+    w = Tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
+    w.grad = Tensor(rng.standard_normal((3, 4)).astype(np.float32))
+    v = Tensor(rng.standard_normal(5).astype(np.float32), requires_grad=True)   # no gradient
+    keep_w, keep_v = rng.random((3, 4)) < 0.5, rng.random(5) < 0.5
+    buffers = (w.data, w.grad.data, v.data)
+
+    def apply():
+        PruningMasks([("w", w), ("v", v)], [keep_w, keep_v]).apply()
+        return [w.data, w.grad.data, v.data, [a is b for a, b in zip(buffers, (w.data, w.grad.data, v.data))]]
+    rec.call("apply", apply)
+    drawn = {}   # masks handed out by the stand-ins: data drawn here, not a ranking
+
+    def stand_in_layer(weight, sparsity):
+        a = np.asarray(getattr(weight, "data", weight))
+        m = np.random.default_rng(a.size + int(sparsity * 100)).random(a.shape) >= sparsity
+        drawn.setdefault("layer", []).append(m)
+        return m
+
+    def stand_in_global(weights, sparsity):
+        ms = [np.random.default_rng(np.asarray(getattr(x, "data", x)).size).random(np.shape(getattr(x, "data", x))) >= sparsity
+              for x in weights]
+        drawn.setdefault("global", []).append(len(ms))
+        return ms
+    with _replaced(compression, magnitude_mask=stand_in_layer, global_magnitude_masks=stand_in_global):
+        for scope in ("layer", "global"):
+            net = Sequential(Linear(5, 7, rng=int(rng.integers(0, 2 ** 30))), ReLU(), Linear(7, 3, rng=1))
+
+            def run():
+                pm = compression.prune_magnitude(net, 0.6, scope=scope)
+                return [type(pm).__name__, list(pm.names), [np.asarray(m) for m in pm.masks],
+                        [p.data for p in net.parameters()]]
+            rec.call(f"prune_{scope}", run)
+        rec["calls"] = [drawn.get("layer", []) and len(drawn["layer"]), drawn.get("global", [])]
+        rec.call("bad_scope", compression.prune_magnitude, net, 0.5, "model")
+
+
+@probe("16.4", messages=True, rtol=1e-5, atol=1e-6)
+def csr(rng, rec):
+    from tinytorch.core.tensor import Tensor
+    from tinytorch.perf.compression import CSRMatrix
+
+    def arrays(c):
+        return [c.values, c.indices, c.indptr, list(c.shape)]
+    rec.call("example", lambda: arrays(CSRMatrix.from_dense(np.array([[0, 2.0, 0], [0, 0, 0], [1.0, 0, 3.0]], np.float32))))
+    a = (rng.standard_normal((9, 7)) * (rng.random((9, 7)) < 0.3)).astype(np.float32)
+    a[4] = 0
+    rec.call("random", lambda: arrays(CSRMatrix.from_dense(a)))
+    rec.call("tensor", lambda: arrays(CSRMatrix.from_dense(Tensor(a))))
+    rec.call("f64", lambda: arrays(CSRMatrix.from_dense(a.astype(np.float64))))
+    rec.call("zeros", lambda: arrays(CSRMatrix.from_dense(np.zeros((3, 2), np.float32))))
+    rec.call("dense", lambda: arrays(CSRMatrix.from_dense(np.ones((2, 3), np.float32))))
+    x = rng.standard_normal((7, 4)).astype(np.float32)
+    given = CSRMatrix(a[a != 0].astype(np.float32), np.nonzero(a)[1].astype(np.int32),
+                      np.concatenate([[0], np.cumsum((a != 0).sum(axis=1))]).astype(np.int32), a.shape)
+    rec.call("matmul", lambda: given @ x)
+    rec.call("matmul_f64", lambda: given @ x.astype(np.float64))
+    rec.call("matmul_empty", lambda: CSRMatrix(np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(4, np.int32),
+                                                (3, 7)) @ x)
+    one = CSRMatrix(np.array([5.0], np.float32), np.array([2], np.int32), np.array([0, 0, 1], np.int32), (2, 3))
+    rec.call("matmul_one", lambda: one @ np.eye(3, dtype=np.float32))
+    rec.call("bad_shape", lambda: given @ np.ones((6, 2), np.float32))
+    rec.call("bad_dims", CSRMatrix.from_dense, np.ones((2, 2, 2)))
+
+
+@probe("16.5", messages=True)
 def neurons(rng, rec):
     from tinytorch.core.layers import Linear
     from tinytorch.core.spatial import Conv2d
@@ -70,12 +159,26 @@ def neurons(rng, rec):
     rec.call("conv", run, c1, c2, 3)
     nb1, nb2 = Linear(4, 6, bias=False, rng=3), Linear(6, 2, bias=False, rng=4)
     rec.call("no_bias", run, nb1, nb2, 2)
+    # spiky rows (one large entry) against flat rows (many middling ones): L1, L2 and max norms rank them differently
+    for i in range(4):
+        n_in = int(rng.integers(4, 9))
+        spiky = np.zeros((3, n_in), np.float32)
+        spiky[np.arange(3), rng.integers(0, n_in, 3)] = rng.uniform(2.0, 3.0, 3)
+        flat = rng.uniform(0.8, 1.0, (3, n_in)).astype(np.float32) * rng.choice([-1, 1], (3, n_in))
+        rows = np.concatenate([spiky, flat])[rng.permutation(6)] + rng.uniform(0, 1e-3, (6, n_in)).astype(np.float32)
+        layer, after = Linear(n_in, 6, rng=0), Linear(6, 2, rng=1)
+        layer.weight.data[:] = rows
+        rec.call(f"norms{i}", run, layer, after, int(rng.integers(1, 6)))
+    bias_big = Linear(3, 4, rng=2)
+    bias_big.weight.data[:] = np.array([[1, 0, 0], [0, 2, 0], [0, 0, 3], [0.5, 0, 0]], np.float32)
+    bias_big.bias.data[:] = np.array([10.0, 0, 0, 20.0], np.float32)   # the bias does not count in the score
+    rec.call("bias_ignored", run, bias_big, Linear(4, 2, rng=3), 2)
     for bad in (0, 5, 2.0, True):
         rec.call(f"bad_{bad!r}", prune_neurons, fc1, fc2, bad)
 
 
 def _low_rank_check(got, want):
-    exact = Probe("16.4", "16", None, rtol=1e-4, atol=1e-5, messages=True)
+    exact = Probe("16.6", "16", None, rtol=1e-4, atol=1e-5, messages=True)
     for key in want:
         if key.startswith("factors"):
             continue
@@ -114,7 +217,7 @@ def _low_rank_check(got, want):
     return ""
 
 
-@probe("16.4", check=_low_rank_check)
+@probe("16.6", check=_low_rank_check)
 def low_rank(rng, rec):
     from tinytorch.core.layers import Linear
     from tinytorch.perf.compression import low_rank as factor, rank_for_energy
@@ -144,7 +247,7 @@ def low_rank(rng, rec):
         rec.call(f"bad_rank_{bad!r}", factor, layer, bad)
 
 
-@probe("16.5", messages=True, rtol=1e-5, atol=1e-6)
+@probe("16.7", messages=True, rtol=1e-5, atol=1e-6)
 def distill(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.perf.compression import distillation_loss
