@@ -83,7 +83,8 @@ class _Departure:
                 _DEPARTURES += 1 if differs else -1
 
     def __del__(self):  # a thread that ended inside `no_grad()` leaves nothing counted
-        self.set(False)
+        if self.on and _DEPARTURES_LOCK is not None:  # None: the interpreter is shutting down
+            self.set(False)
 
 
 class _Observers:
