@@ -250,14 +250,14 @@ def test_failure_inside_an_earlier_module_names_it():
     rel = attention.package_module.replace(".", "/") + ".py"
     frames[2] = (str(root / rel), "scaled_dot_product_attention")
     where = failures.where_it_failed(frames, modules, "13", root)
-    assert where == f"the failure is inside module 12's scaled_dot_product_attention ({rel})", where
+    assert where == f"the failure surfaced in module 12's scaled_dot_product_attention ({rel})", where
     assert failures.where_it_failed(frames, modules, "12", root) == "", "a module's own code is not attributed"
     ipython = "".join(f"File {f}:10, in {fn}(x)\n" for f, fn in frames)
     assert failures.where_it_failed(failures.text_frames(ipython), modules, "13") == where
     layers = next(m for m in modules if m.number == "03").package_module.replace(".", "/") + ".py"
     deeper = frames[:3] + [(str(root / layers), "Linear.forward")]  # a bad shape from 12 refused by 03
     assert failures.where_it_failed(deeper, modules, "13", root) == (
-        f"the failure is inside module 03's Linear.forward ({layers}), called from module 12's "
+        f"the failure surfaced in module 03's Linear.forward ({layers}), called from module 12's "
         f"scaled_dot_product_attention ({rel})")
 
 
