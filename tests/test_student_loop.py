@@ -369,3 +369,249 @@ def test_stub_failures_are_one_line_and_other_failures_keep_their_traceback(tmp_
     assert built and "test_property" not in built.group(1) and "test_plain" not in built.group(1), \
         f"pytest built a traceback report for a stub's failure: {built and built.group(1)}\n{out}"
     assert "WRONG-LINE" in out and "assert 3 == 4" in out, f"a wrong result keeps pytest's report:\n{out}"
+
+
+# ----------------------------------------------------------------- whose code to fix (issue 29) and time limits (33)
+
+_BOX = '''
+class Box:
+    "Given code of module 01: a box holds a number."
+    def __init__(self, data):
+        if not isinstance(data, (int, float)):
+            raise TypeError(f"Box data must be a number; got {type(data).__name__}")
+        self.data = data
+'''
+
+# module 02's exercises, as the instructor writes them; `BUGS` swaps in a student's wrong line
+_CHAIN_CELLS = {
+    "double": ('''def double(x: float) -> float:
+    """TODO (Exercise 2.1): twice `x`."""
+    ### BEGIN SOLUTION
+    return x * 2
+    ### END SOLUTION''', "2.1"),
+    "quad": ('''def quad(x: float) -> Box:
+    """TODO (Exercise 2.2): a Box of four times `x`. HINTS: `double`."""
+    ### BEGIN SOLUTION
+    return Box(double(double(x)))
+    ### END SOLUTION''', "2.2"),
+    "spin": ('''def spin(n: int) -> int:
+    """TODO (Exercise 2.3): count to `n`."""
+    ### BEGIN SOLUTION
+    i = 0
+    while i < n:
+        i += 1
+    return i
+    ### END SOLUTION''', "2.3"),
+}
+_CHAIN_TESTS = '''import threading
+
+import pytest
+
+from tinytorch.chain import double, quad, spin
+
+pytestmark = pytest.mark.module("02")
+
+
+@pytest.mark.exercise("2.3", "spin")
+def test_spin():
+    assert spin(3) == 3, f"spin(3) = {spin(3)!r}; expected 3"
+
+
+@pytest.mark.exercise("2.3", "spin")
+def test_spin_in_a_thread_the_test_waits_for():
+    out = []
+    worker = threading.Thread(target=lambda: out.append(spin(5)), name="spinner")
+    worker.start()
+    worker.join()
+    assert out == [5]
+
+
+@pytest.mark.exercise("2.1", "double")
+def test_double():
+    assert double(3) == 6, f"double(3) = {double(3)!r}; expected 6"
+
+
+@pytest.mark.exercise("2.2", "quad")
+def test_quad():
+    assert quad(1).data == 4, f"quad(1).data = {quad(1).data!r}; expected 4"
+
+
+def test_quad_of_zero():
+    assert quad(0).data == 0
+'''
+
+
+def synthetic_course(root: Path, bugs: dict | None = None) -> Path:
+    """A two-module course at `root`: module 01 gives `Box` (tinytorch/core/box.py); module 02's notebook
+    has exercises 2.1 double, 2.2 quad (uses double and Box) and 2.3 spin, exported to tinytorch/chain.py
+    with the student's code (`bugs`: {function: replacement body lines}), and package tests."""
+    bugs = bugs or {}
+    root.mkdir(parents=True)
+    (root / "settings.ini").write_text("[course]\nedition = student\n")
+    for number, name, title in (("01", "core", "Core"), ("02", "chain", "Chain")):
+        folder = root / "modules" / f"{number}_{name}"
+        folder.mkdir(parents=True)
+        (folder / "module.toml").write_text(f'title = "{title}"\nprerequisites = {[] if number == "01" else ["01"]}\n')
+    (root / "tinytorch" / "core").mkdir(parents=True)
+    for init in ("tinytorch/__init__.py", "tinytorch/core/__init__.py"):
+        (root / init).write_text("")
+    (root / "tinytorch" / "core" / "box.py").write_text(_BOX)
+    core = nbformat.v4.new_notebook()
+    core.cells = [nbformat.v4.new_code_cell("#| default_exp core.box"), nbformat.v4.new_code_cell("#| export\n" + _BOX)]
+    nbs.write(core, root / "modules" / "01_core" / "01_core.ipynb")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("#| default_exp chain"),
+                nbformat.v4.new_code_cell("#| export\nfrom tinytorch.core.box import Box")]
+    package = ["from tinytorch.core.box import Box", ""]
+    for fn, (source, number) in _CHAIN_CELLS.items():
+        cell = nbformat.v4.new_code_cell("#| export\n" + source)
+        cell.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": fn, "locked": False,
+                                     "schema_version": 3}
+        test = nbformat.v4.new_code_cell(f"# Exercise {number}: {fn}\nassert {fn}")
+        test.metadata["nbgrader"] = {"solution": False, "grade": True, "grade_id": f"test_{fn}", "points": 1,
+                                     "locked": True, "schema_version": 3}
+        nb.cells += [cell, test]
+        if fn in bugs:
+            head, body = source.split("### BEGIN SOLUTION")
+            source = head + "### BEGIN SOLUTION\n" + textwrap.indent(bugs[fn], "    ") + "\n    ### END SOLUTION"
+        package += [source, ""]
+    nbs.write(nb, root / "modules" / "02_chain" / "02_chain.ipynb")
+    (root / "tinytorch" / "chain.py").write_text("\n".join(package))
+    (root / "tests" / "modules").mkdir(parents=True)
+    (root / "tests" / "modules" / "test_02_chain.py").write_text(_CHAIN_TESTS)
+    return root
+
+
+def run_package_tests(root: Path, *args: str, timeout: float = 120) -> tuple[dict, str, float]:
+    """pytest on the synthetic course's package tests with tito's plugin, as `tito test` runs them: (the JSON
+    report, the output, seconds)."""
+    import time
+
+    report = root / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(Path(__file__).resolve().parents[1])]))
+    env.pop("TITO_ROOT", None)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
+                           "--rootdir", str(root), f"--tito-report={report}", *args, str(root / "tests" / "modules")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    return json.loads(report.read_text()), proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def reasons(report: dict) -> dict[str, str]:
+    return {t["nodeid"].split("::")[-1]: t["reason"] for t in report["tests"] if t["outcome"] == "failed"}
+
+
+def test_exercise_functions_are_read_from_solution_regions_and_release_stubs():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "#| export\nclass Paths:\n    def attach(self):\n        \"TODO (Exercise 14.4a)\"\n        ### BEGIN SOLUTION\n"
+        "        return self\n        ### END SOLUTION\n    def remove(self):\n        return None\n"),
+        nbformat.v4.new_code_cell("#| export\ndef op_flops(op):\n    def helper():\n        return 1\n"
+                                  "    # YOUR CODE HERE\n    raise NotImplementedError()\n"),
+        nbformat.v4.new_code_cell("# Exercise 14.1: op_flops\nassert op_flops")]
+    nb.cells[0].metadata["nbgrader"] = nb.cells[1].metadata["nbgrader"] = {"solution": True}
+    nb.cells[2].metadata["nbgrader"] = {"grade": True, "solution": False, "points": 1}
+    assert failures.exercise_functions(nb) == {"Paths.attach": "14.4", "op_flops": "14.1"}, \
+        "the docstring's exercise first, else the next test cell's; given methods and nested helpers are not exercises"
+
+
+def test_a_wrong_upstream_exercise_is_named_where_the_failure_surfaces_in_an_earlier_module(tmp_path):
+    """issue 29: double (2.1) returns a list; quad (2.2, correct) passes it to module 01's Box, which refuses it.
+    quad's failure names 2.1 as the exercise to fix first, with what it returned, and Box as where it surfaced."""
+    root = synthetic_course(tmp_path / "course", bugs={"double": "return [x, x]"})
+    report, out, _ = run_package_tests(root)
+    got = reasons(report)
+    assert got["test_double"] == ("double returned a list where its annotation says float: AssertionError: double(3) "
+                                  "= [3, 3]; expected 6"), got
+    assert got["test_quad"] == (
+        "not checked on its own: fix 2.1 double first (its own tests fail): it returned a list where its annotation "
+        "says float; the failure surfaced in module 01's Box.__init__ (tinytorch/core/box.py), called from your 2.2 "
+        "quad: TypeError: Box data must be a number; got list"), got["test_quad"]
+    assert got["test_quad_of_zero"].startswith("not checked on its own: fix 2.1 double first"), got
+    quad = next(t for t in report["tests"] if t["nodeid"].endswith("test_quad"))
+    assert quad["upstream"] == ["2.1"]
+    assert "what to fix" not in out or "fix 2.1 double first" in out, out
+
+
+def test_the_package_table_puts_the_exercise_to_fix_first_and_says_so(tmp_path, capsys):
+    root = synthetic_course(tmp_path / "course", bugs={"double": "return [x, x]"})
+    report, _, _ = run_package_tests(root)
+    assert check.print_pytest_report(report, "package tests", rerun="tito test 02") is False
+    out = capsys.readouterr().out
+    assert "fix first: 2.1 double (2 other failing tests ran it)" in out, out
+    rows = [ln for ln in out.splitlines() if re.match(r"│ (2\.\d|other)", ln)]
+    assert [r.split("│")[1].strip() for r in rows] == ["2.1", "2.2", "2.3", "other"], rows
+
+
+def test_an_own_bug_is_not_blamed_on_an_earlier_module(tmp_path):
+    "quad (2.2) wraps a list itself: its own exercise, named by its annotation, with module 01 as where it surfaced."
+    root = synthetic_course(tmp_path / "course", bugs={"quad": "return Box([double(x)])"})
+    got = reasons(run_package_tests(root)[0])
+    assert set(got) == {"test_quad", "test_quad_of_zero"}, got
+    assert got["test_quad"] == ("the failure surfaced in module 01's Box.__init__ (tinytorch/core/box.py), called "
+                                "from your 2.2 quad: TypeError: Box data must be a number; got list"), got["test_quad"]
+
+
+def test_a_failed_test_is_watched_on_a_second_run_outside_tito_test(tmp_path):
+    "A plain pytest run (CI) watches no test that passes; a failed one runs once more, watched, to name the culprit."
+    root = synthetic_course(tmp_path / "course", bugs={"double": "return [x, x]"})
+    report = root / "plain.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(Path(__file__).resolve().parents[1])]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
+                           "--rootdir", str(root), str(root / "tests" / "modules"), "-k", "quad or double"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert ("Exercise 2.2 (quad): not checked on its own: fix 2.1 double first (its own tests fail): it returned a "
+            "list where its annotation says float") in proc.stdout, proc.stdout
+
+
+def test_a_test_past_its_time_limit_names_the_exercise_and_the_run_goes_on(tmp_path):
+    """issue 33: spin (2.3) never ends; each of its tests stops at the limit with a line naming the exercise and
+    where it was (the main thread, or a thread the test waits for), and the other tests still run."""
+    root = synthetic_course(tmp_path / "course", bugs={"spin": "i = 0\nwhile i < n:\n    i *= 1\nreturn i"})
+    report, out, seconds = run_package_tests(root, "--tito-timeout=3")
+    got = reasons(report)
+    assert got["test_spin"] == (
+        "2.3 spin: test did not finish in 3 s (stopped there; the other tests ran on); when stopped it was in your "
+        f"2.3 spin: a loop that never ends, or a wait for something that never comes (a block never freed, a request "
+        f"never answered)? If your machine is only busy or slow, raise [execution] test_timeout in settings.ini"), got
+    assert "when stopped it was in your 2.3 spin (thread spinner)" in got["test_spin_in_a_thread_the_test_waits_for"], got
+    passed = {t["nodeid"].split("::")[-1] for t in report["tests"] if t["outcome"] == "passed"}
+    assert passed == {"test_double", "test_quad", "test_quad_of_zero"}, report
+    assert seconds < 60, f"the run took {seconds:.0f} s: a thread left spinning must not keep the process alive"
+
+
+def test_a_run_killed_from_outside_names_the_test_it_was_running(tmp_path):
+    report = tmp_path / "report.json"
+    report.with_name("report.json.running").write_text(json.dumps(
+        {"nodeid": "tests/modules/test_18.py::test_free", "exercise": "18.4", "function": "PagedKVCache.free"}))
+    text = check.killed_run_message(report, 900)
+    assert text.startswith("pytest did not finish within 900 s ([execution] pytest_timeout in settings.ini): it was "
+                           "still running tests/modules/test_18.py::test_free (18.4 PagedKVCache.free)"), text
+    assert "look for a loop" in check.killed_run_message(tmp_path / "none.json", 900)
+
+
+def test_notebook_cells_name_the_exercise_to_fix_first_from_the_source():
+    """The notebook's cells: 2.2's test runs double through quad; with 2.1's test failing, 2.2's failure and a given
+    cell using quad say to fix 2.1 first; 2.1's own failure and a cell that does not run double say nothing more."""
+    nb = nbformat.v4.new_notebook()
+    sources = ["#| export\ndef double(x):\n    ### BEGIN SOLUTION\n    return x * 2\n    ### END SOLUTION",
+               "# Exercise 2.1: double\nassert double(3) == 6",
+               "#| export\nclass Quad:\n    def __call__(self, x):\n        ### BEGIN SOLUTION\n        return self.twice(x)\n"
+               "        ### END SOLUTION\n    def twice(self, x):\n        return double(double(x))",
+               "# Exercise 2.2: Quad\nassert Quad()(1) == 4",
+               "PIPELINE = [Quad()]\nprint(PIPELINE[0](2))",
+               "print(3 * 4)"]
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    for i in (0, 2):
+        nb.cells[i].metadata["nbgrader"] = {"solution": True}
+    for i in (1, 3):
+        nb.cells[i].metadata["nbgrader"] = {"grade": True, "solution": False, "points": 1}
+    ex = check.NotebookExercises(nb)
+    assert ex.reach == {0: set(), 1: {"2.1"}, 2: set(), 3: {"2.1", "2.2"}, 4: {"2.1", "2.2"}, 5: set()}, ex.reach
+    cells = [nbs.CellResult(i, None, label, test, 1.0, status="passed" if ok else "failed")
+             for i, label, test, ok in [(1, "Exercise 2.1: double", True, False), (3, "Exercise 2.2: Quad", True, False),
+                                        (4, "a given cell", False, False), (5, "another", False, False)]]
+    assert ex.upstream(cells) == {3: ["2.1"], 4: ["2.1"]}
+    assert ex.first_text(["2.1"]) == "not checked on its own: fix Exercise 2.1 (double) first (its test fails)"
+    cells[0].status = "passed"
+    assert ex.upstream(cells) == {4: ["2.2"]}, "with 2.1 passing, the failing 2.2 is the one to fix"

@@ -506,7 +506,8 @@ class Blame:
                 culprit = None
             parts.append(head)
         if culprit is not None:
-            parts.append(f"{culprit.short()} {self.how}")
+            who = culprit.function if culprit.exercise == own_exercise else culprit.short()
+            parts.append(f"{who} {self.how}")
         head = "; ".join(parts)
         where = surfaced_text(self.chain, self.own_module)
         if where:

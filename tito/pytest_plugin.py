@@ -12,8 +12,8 @@ Tests are marked `@pytest.mark.exercise("1.4", "Tensor.matmul")` (and files with
   exercise whose return value contradicts its annotation is named as the culprit ("14.4
   ModulePaths.pop returned a list where its annotation says None"), and an exercise the test ran whose
   own tests fail is named as the one to fix first ("not checked on its own: fix 17.1 ... first");
-- every test has a time limit (`--tito-timeout`, the `tito_test_timeout` ini option; tests marked
-  `slow` get `tito_slow_test_timeout`; `@pytest.mark.time_limit(s)` sets one test's): a test past it
+- every test has a time limit (package tests: `--tito-timeout`, else the `tito_test_timeout` ini option;
+  other tests: `tito_other_test_timeout`; `@pytest.mark.time_limit(s)` sets one test's): a test past it
   fails with "18.4 PagedKVCache.free: test did not finish in 30 s", naming where each thread was, and
   the run goes on to the other tests;
 - `--exercise 1.4` runs only that exercise's tests; `--tito-report FILE` writes a JSON summary
@@ -37,8 +37,8 @@ import pytest
 
 from tito import failures
 
-DEFAULT_TIMEOUT = 120.0  # seconds per test when neither the command line nor the ini file says
-DEFAULT_SLOW_TIMEOUT = 900.0
+DEFAULT_TIMEOUT = 120.0  # seconds per package test (marked `module`) when neither the command line nor the ini says
+DEFAULT_SLOW_TIMEOUT = 1800.0  # seconds per other test (end to end: notebooks, the CLI, milestones): only a hang
 RERUN_UNDER = 10.0  # a failed test that took longer is not run again to find the culprit
 SETTING = "[execution] test_timeout in settings.ini"
 
@@ -49,10 +49,10 @@ def pytest_addoption(parser):
     group.addoption("--tito-report", default=None, help="write a JSON summary of results to this file")
     group.addoption("--tito-timeout", type=float, default=None,
                     help="seconds one test may run (0: no limit; default: the tito_test_timeout ini option)")
-    parser.addini("tito_test_timeout", f"seconds one test may run (0: no limit; default {DEFAULT_TIMEOUT:g})",
-                  default=str(DEFAULT_TIMEOUT))
-    parser.addini("tito_slow_test_timeout", f"seconds a test marked slow may run (default {DEFAULT_SLOW_TIMEOUT:g})",
-                  default=str(DEFAULT_SLOW_TIMEOUT))
+    parser.addini("tito_test_timeout", f"seconds one package test (marked module) may run (0: no limit; default "
+                  f"{DEFAULT_TIMEOUT:g})", default=str(DEFAULT_TIMEOUT))
+    parser.addini("tito_other_test_timeout", f"seconds any other test may run (0: no limit; default "
+                  f"{DEFAULT_SLOW_TIMEOUT:g})", default=str(DEFAULT_SLOW_TIMEOUT))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -244,6 +244,17 @@ def _stacks(main_frame=None) -> dict[str, list[tuple[str, str]]]:
             stack.append((code.co_filename, getattr(code, "co_qualname", code.co_name)))
             frame = frame.f_back
         out[names.get(ident, f"thread {ident}")] = stack[::-1]
+    try:  # coroutines waiting in this thread's event loop (a request waiting for a reply) have no thread
+        import asyncio
+
+        loop = asyncio._get_running_loop()
+        tasks = asyncio.all_tasks(loop) if loop is not None else ()
+    except Exception:  # no loop, or one that is closing
+        tasks = ()
+    for task in tasks:
+        frames = [(f.f_code.co_filename, getattr(f.f_code, "co_qualname", f.f_code.co_name)) for f in task.get_stack()]
+        if frames:
+            out[f"asyncio task {task.get_name()}"] = frames
     return out
 
 
@@ -303,14 +314,17 @@ class _AsyncLimit(TimeLimitExceeded):
 
 
 def _limit_of(item) -> float:
+    """Seconds `item` may run: its `time_limit` mark; for a package test (marked `module`) `--tito-timeout`
+    (what `tito test` passes from settings.ini), else the `tito_test_timeout` ini option; for any other
+    test `tito_other_test_timeout`. 0: no limit."""
     config = item.config
     marker = item.get_closest_marker("time_limit")
     if marker and marker.args:
         return float(marker.args[0])
     option = config.getoption("--tito-timeout")
-    if item.get_closest_marker("slow"):
-        base = float(config.getini("tito_slow_test_timeout") or DEFAULT_SLOW_TIMEOUT)
-        return max(base, option or 0) if option != 0 else 0
+    if not item.get_closest_marker("module"):
+        other = float(config.getini("tito_other_test_timeout") or DEFAULT_SLOW_TIMEOUT)
+        return 0.0 if option == 0 else max(other, option or 0)
     if option is not None:
         return option
     return float(config.getini("tito_test_timeout") or DEFAULT_TIMEOUT)
@@ -367,7 +381,7 @@ def where_it_was(stacks: dict, index, own_module: str | None) -> list[str]:
             continue
         own = [p for p in places if p.module == own_module and p.exercise]
         p = own[-1] if own else places[-1]
-        thread = "" if name == "MainThread" else f" (thread {name})"
+        thread = "" if name == "MainThread" else f" ({name})" if name.startswith("asyncio") else f" (thread {name})"
         found.append((not own, f"{p.where(own_module)}{thread}"))
     return [text for _, text in sorted(found, key=lambda f: f[0])]
 
@@ -379,7 +393,7 @@ def timeout_reason(item, exc: TimeLimitExceeded, when: str = "call") -> str:
     text = f"{head}{phase} did not finish in {exc.seconds:g} s (stopped there; the other tests ran on)"
     places = where_it_was(exc.stacks, _index(item), _own_module(item))
     if places:
-        text += "; it was running " + "; ".join(places[:3])
+        text += "; when stopped it was in " + "; ".join(places[:3])
     return (text + ": a loop that never ends, or a wait for something that never comes (a block never freed, a "
             f"request never answered)? If your machine is only busy or slow, raise {SETTING}")
 
