@@ -615,3 +615,39 @@ def test_notebook_cells_name_the_exercise_to_fix_first_from_the_source():
     assert ex.first_text(["2.1"]) == "not checked on its own: fix Exercise 2.1 (double) first (its test fails)"
     cells[0].status = "passed"
     assert ex.upstream(cells) == {4: ["2.2"]}, "with 2.1 passing, the failing 2.2 is the one to fix"
+
+
+def _timed_out(tmp_path, cells) -> nbs.CellResult:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## 3.4 Measured")]
+    for source, kind in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        if kind == "solution":
+            cell.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": "spin", "schema_version": 3}
+        elif kind == "test":
+            cell.metadata["nbgrader"] = {"solution": False, "grade": True, "grade_id": "t", "points": 1,
+                                         "locked": True, "schema_version": 3}
+        nb.cells.append(cell)
+    path = tmp_path / "nb.ipynb"
+    nbs.write(nb, path)
+    report = nbs.execute(path, cwd=tmp_path, timeout=3)
+    assert report.timed_out is not None, [(c.label, c.status, c.evalue) for c in report.cells]
+    return report.timed_out
+
+
+def test_a_cell_past_its_time_limit_is_blamed_on_the_code_that_was_running(tmp_path):
+    """issue 33: a given cell that runs long (a busy machine) is not the student's infinite loop; the message names the
+    cell's section, whose code was running when it was stopped, and how to raise the limit."""
+    given = _timed_out(tmp_path, [("import time\ndef measure():\n    time.sleep(60)", "given"),
+                                  ("x = 1\nmeasure()", "given")])
+    assert given.evalue.startswith(
+        "3.4 Measured (code cell 2) (a given cell) did not finish within 3 s, the per-cell limit; when stopped it was "
+        "running given code, not yours: measure in 3.4 Measured (code cell), line 3. The machine is probably busy or "
+        "slow: raise [execution] student_cell_timeout in settings.ini (now 3) and run it again"), given.evalue
+    assert "infinite loop" not in given.evalue
+    mine = _timed_out(tmp_path, [("def spin(n):\n    i = 0\n    while i < n:\n        i *= 1\n    return i", "solution"),
+                                 ("# Exercise 1.1: spin\nassert spin(3) == 3", "test")])
+    assert re.match(
+        r"Exercise 1\.1: spin \(a graded test\) did not finish within 3 s, the per-cell limit; when stopped it was "
+        r"running your code: spin in 3\.4 Measured \(your solution\), line [34]\. A loop that never ends", mine.evalue), \
+        mine.evalue

@@ -127,7 +127,9 @@ class NotebookExercises:
         self.done: list[nbs.CellResult] = []
 
     def upstream(self, cells) -> dict[int, list[str]]:
-        return failures.notebook_upstream([(c.index, c.label, c.is_test, c.ok) for c in cells], self.reach)
+        "{cell position: exercises to fix first} of the cells that ran (one not run failed nothing)."
+        return failures.notebook_upstream([(c.index, c.label, c.is_test, c.ok) for c in cells
+                                           if c.status != "not_run"], self.reach)
 
     def first_text(self, exercises: list[str]) -> str:
         names = []
@@ -142,8 +144,8 @@ def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None, first: st
     """Why a cell failed: the exercise to fix first (`first`), the earlier module whose exported code
     raised if another one did, then the failure."""
     frames = failures.text_frames(c.traceback)
-    chain = failures.module_chain(frames, modules, own) if modules else []
-    prefix = f"{first}: " if first else ""
+    chain = failures.module_chain(frames, modules, own) if modules and c.ename != "Timeout" else []
+    prefix = f"{first}: " if first else ""  # (a cell stopped at its time limit says where it was itself)
     if not chain:
         return prefix + c.reason()
     if c.status == "not_implemented":
@@ -340,9 +342,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
     finally:
         progress.close()
     if report.timed_out is not None:
-        console.print(f"[bold red]stopped:[/] {escape(report.timed_out.label)} did not finish within {timeout:g} s "
-                      "(the per-cell limit, \\[execution] student_cell_timeout in settings.ini); the cells after it "
-                      "were not run")
+        console.print(f"[bold red]stopped:[/] {escape(report.timed_out.evalue)}; the cells after it were not run")
     print_notebook_report(report, ctx.modules, m.number, exercises)
     pytest_ok = True
     if not suite.exists():
@@ -353,7 +353,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
                       f"{m.package_module} still holds your last good export[/]")
     elif report.timed_out is not None:
         pytest_ok = False
-        console.print(f"[red]package tests not run: fix {escape(report.timed_out.label)} first[/]")
+        console.print(f"[red]package tests not run: the notebook stopped at {escape(report.timed_out.label)} (see above)[/]")
     else:
         console.print(f"running {suite.relative_to(ctx.root)} on your exported package...")
         data = run_pytest(ctx, [suite], exercises, verbose)
