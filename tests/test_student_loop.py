@@ -20,7 +20,7 @@ from tito import notebooks as nbs
 from tito.commands import check
 from tito import failures
 from tito.course import load_modules
-from tito.harness import Run
+from _harness import Run
 from tito.progress import LOCK_NAME, Progress
 from tito.pytest_plugin import summarize
 
