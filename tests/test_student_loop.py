@@ -651,3 +651,29 @@ def test_a_cell_past_its_time_limit_is_blamed_on_the_code_that_was_running(tmp_p
         r"Exercise 1\.1: spin \(a graded test\) did not finish within 3 s, the per-cell limit; when stopped it was "
         r"running your code: spin in 3\.4 Measured \(your solution\), line [34]\. A loop that never ends", mine.evalue), \
         mine.evalue
+
+
+def test_tito_never_imports_the_package_itself():
+    """issue 31: `tito` imports the student's package only through its probes (in processes of their own): loading
+    every tito module and running `tito doctor`'s checks leaves `tinytorch` unimported (doctor asks a child)."""
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        from pathlib import Path
+        import tito
+        for info in pkgutil.walk_packages(tito.__path__, "tito."):
+            # (tito.compete_kernels: the competition's example kernels, which issue 31 moves out of tito)
+            if not info.name.startswith(("tito.probes", "tito.compete_kernels")):
+                importlib.import_module(info.name)
+        from tito.course import Settings
+        from tito.doctor import run_checks
+        root = Path(sys.argv[1])
+        checks = {name: (ok, detail) for name, ok, detail in run_checks(root, Settings.load(root))}
+        print(checks["tinytorch"])
+        print("imported:", sorted(m for m in sys.modules if m == "tinytorch" or m.startswith("tinytorch.")))
+    """)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(root)), cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert f"(True, '{root / 'tinytorch'}')" in proc.stdout, proc.stdout
+    assert "imported: []" in proc.stdout, proc.stdout
