@@ -382,8 +382,13 @@ def where_it_was(stacks: dict, index, own_module: str | None) -> list[str]:
         own = [p for p in places if p.module == own_module and p.exercise]
         p = own[-1] if own else places[-1]
         thread = "" if name == "MainThread" else f" ({name})" if name.startswith("asyncio") else f" (thread {name})"
-        found.append((not own, f"{p.where(own_module)}{thread}"))
-    return [text for _, text in sorted(found, key=lambda f: f[0])]
+        found.append((not own, p.where(own_module), thread))
+    out, seen = [], set()
+    for _, where, thread in sorted(found, key=lambda f: f[0]):  # the module's exercises first, each place once
+        if where not in seen:
+            seen.add(where)
+            out.append(where + thread)
+    return out
 
 
 def timeout_reason(item, exc: TimeLimitExceeded, when: str = "call") -> str:

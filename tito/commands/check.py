@@ -334,8 +334,8 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
     console.print(f"[bold]Module {m.number} ({m.title})[/]: running the notebook's graded tests "
                   f"(at most {timeout:g} s per cell)...")
     release = m.folder / RELEASE_COPY
-    exercises = NotebookExercises(nb, nbs.read(release) if release.exists() else None)
-    progress = CellProgress(timeout, ctx.modules, m.number, exercises)
+    in_notebook = NotebookExercises(nb, nbs.read(release) if release.exists() else None)
+    progress = CellProgress(timeout, ctx.modules, m.number, in_notebook)
     try:
         report = nbs.execute(m.notebook, cwd=m.folder, pythonpath=ctx.root, timeout=timeout, source=nb,
                              on_cell=progress)
@@ -343,7 +343,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
         progress.close()
     if report.timed_out is not None:
         console.print(f"[bold red]stopped:[/] {escape(report.timed_out.evalue)}; the cells after it were not run")
-    print_notebook_report(report, ctx.modules, m.number, exercises)
+    print_notebook_report(report, ctx.modules, m.number, in_notebook)
     pytest_ok = True
     if not suite.exists():
         console.print(f"[yellow]no package tests at {suite.relative_to(ctx.root)}[/]")
