@@ -429,22 +429,31 @@ def _hint_matches(value, hint) -> bool | None:
     return isinstance(value, hint)
 
 
-def contract_mismatch(function, value) -> str:
-    """'returned a list where its annotation says None' when `value` contradicts `function`'s return
-    annotation; '' when it fits or the annotation says too little (or none)."""
+_NO_HINT = object()
+
+
+def return_hint(function):
+    """The return annotation of `function`, resolved (`_NO_HINT` when it has none or it does not resolve)."""
     import typing
 
-    raw = getattr(function, "__annotations__", {}).get("return", "absent")
-    if raw == "absent":
-        return ""
+    raw = getattr(function, "__annotations__", {}).get("return", _NO_HINT)
+    if raw is _NO_HINT:
+        return _NO_HINT
     try:
-        hint = typing.get_type_hints(function).get("return", raw)
+        return typing.get_type_hints(function).get("return", raw)
     except Exception:  # a forward reference that does not resolve: read the plain name ourselves
-        hint = raw
-        if isinstance(raw, str):
-            hint = None if raw == "None" else getattr(function, "__globals__", {}).get(raw.strip("'\""), ...)
-            if hint is ...:
-                return ""
+        if not isinstance(raw, str):
+            return raw
+        if raw.strip() == "None":
+            return None
+        return getattr(function, "__globals__", {}).get(raw.strip("'\" "), _NO_HINT)
+
+
+def mismatch(hint, value) -> str:
+    """'returned a list where its annotation says None' when `value` contradicts the return annotation
+    `hint` (see `return_hint`); '' when it fits or the annotation says too little."""
+    if hint is _NO_HINT:
+        return ""
     try:
         fits = _hint_matches(value, hint)
     except Exception:
@@ -453,6 +462,11 @@ def contract_mismatch(function, value) -> str:
         return ""
     said = "None" if hint is None or hint is type(None) else typing_name(hint)
     return f"returned {kind_of(value)} where its annotation says {said}"
+
+
+def contract_mismatch(function, value) -> str:
+    "`mismatch` of `function`'s return annotation and `value`."
+    return mismatch(return_hint(function), value)
 
 
 def typing_name(hint) -> str:
@@ -551,71 +565,88 @@ def upstream_order(exercises: list[str], depends: dict[str, set[str]]) -> list[s
     return done
 
 
-def notebook_reach(nb, exercises: dict[str, str]) -> dict[int, set[str]]:
-    """{cell position: the exercises its code runs} for each code cell of notebook `nb`, read from the
-    source (no kernel): the names the cell's own statements use, followed through the notebook's
-    functions and classes (a class brings all its methods and its bases; `self.x` in a method, the
-    method `x` of its class). `exercises` maps qualified names to exercise numbers
-    (`exercise_functions` of the release)."""
-    import ast
+class CallGraph:
+    """Which functions a piece of code runs, read from source (no interpreter): names a function uses,
+    followed through the module-level functions and classes added (a class brings all its methods and
+    its bases; `self.x` in a method, the method `x` of its class; a module-level `PASSES = [f, g]` of a
+    package module, f and g). An over-approximation by name: what a test or cell *can* run."""
 
-    cells = nb.get("cells", []) if isinstance(nb, dict) else nb.cells
-    edges: dict[str, set[str]] = {}
-    cell_refs: dict[int, set[str]] = {}
+    def __init__(self):
+        self.edges: dict[str, set[str]] = {}
 
-    def names_in(node, cls: str | None) -> set[str]:
+    @staticmethod
+    def names_in(node, cls: str | None = None) -> set[str]:
+        import ast
+
         found = set()
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                 found.add(sub.id)
-            elif (cls and isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
-                  and sub.value.id in ("self", "cls", cls)):
-                found.add(f"{cls}.{sub.attr}")
+            elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name):
+                if cls and sub.value.id in ("self", "cls", cls):
+                    found.add(f"{cls}.{sub.attr}")
+                else:
+                    found.add(sub.attr)  # `profiler.count_flops(...)`: a module's function by its attribute
         return found
 
-    for i, cell in enumerate(cells):
-        if cell.get("cell_type") != "code":
-            continue
-        source = _cell_source(cell)
-        tree = _parse_cell(source)
-        if tree is None:
-            continue
-        exported = bool(re.search(r"^#\|\s*export", source, re.M))
+    def add(self, tree, assignments: bool = True) -> set[str]:
+        """Add the module-level definitions of `tree`; returns the names its other statements use.
+        `assignments`: whether module-level `NAME = ...` lines link NAME to what they use."""
+        import ast
+
         top = set()
         for stmt in tree.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                edges[stmt.name] = names_in(stmt, None)
+                self.edges.setdefault(stmt.name, set()).update(self.names_in(stmt))
                 top |= {n.id for d in stmt.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
             elif isinstance(stmt, ast.ClassDef):
                 methods = {f"{stmt.name}.{m.name}" for m in stmt.body
                            if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
-                edges[stmt.name] = methods | {n.id for b in stmt.bases for n in ast.walk(b) if isinstance(n, ast.Name)}
+                edges = self.edges.setdefault(stmt.name, set())
+                edges |= methods | {n.id for b in stmt.bases for n in ast.walk(b) if isinstance(n, ast.Name)}
                 for m in stmt.body:
                     if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        edges[f"{stmt.name}.{m.name}"] = names_in(m, stmt.name)
+                        self.edges.setdefault(f"{stmt.name}.{m.name}", set()).update(self.names_in(m, stmt.name))
                     else:
-                        edges[stmt.name] |= names_in(m, stmt.name)
+                        edges |= self.names_in(m, stmt.name)
             else:
-                used = names_in(stmt, None)
+                used = self.names_in(stmt)
                 top |= used
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
                     stmt, (ast.AnnAssign, ast.AugAssign)) else []
-                for t in targets if exported else []:  # `PASSES = [dead_code_elimination, ...]` in the
-                    for n in ast.walk(t):                   # package: a function that reads PASSES runs them
+                for t in targets if assignments else []:
+                    for n in ast.walk(t):
                         if isinstance(n, ast.Name):
-                            edges.setdefault(n.id, set()).update(used)
-        cell_refs[i] = top
-    out = {}
-    for i, refs in cell_refs.items():
-        seen, todo = set(), [r for r in refs if r in edges]
+                            self.edges.setdefault(n.id, set()).update(used)
+        return top
+
+    def reach(self, names) -> set[str]:
+        "Every function, class and method that `names` lead to."
+        seen, todo = set(), [n for n in names if n in self.edges]
         while todo:
             n = todo.pop()
             if n in seen:
                 continue
             seen.add(n)
-            todo.extend(r for r in edges.get(n, ()) if r in edges and r not in seen)
-        out[i] = {exercises[n] for n in seen if n in exercises}
-    return out
+            todo.extend(r for r in self.edges.get(n, ()) if r in self.edges and r not in seen)
+        return seen
+
+
+def notebook_reach(nb, exercises: dict[str, str]) -> dict[int, set[str]]:
+    """{cell position: the exercises its code runs} for each code cell of notebook `nb` (see `CallGraph`;
+    only exported cells' module-level assignments link names, as in the package). `exercises` maps
+    qualified names to exercise numbers (`exercise_functions` of the release)."""
+    cells = nb.get("cells", []) if isinstance(nb, dict) else nb.cells
+    graph = CallGraph()
+    cell_refs: dict[int, set[str]] = {}
+    for i, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            continue
+        source = _cell_source(cell)
+        tree = _parse_cell(source)
+        if tree is not None:
+            cell_refs[i] = graph.add(tree, assignments=bool(re.search(r"^#\|\s*export", source, re.M)))
+    return {i: {exercises[n] for n in graph.reach(refs) if n in exercises} for i, refs in cell_refs.items()}
 
 
 def exercise_of_label(label: str) -> str:

@@ -8,10 +8,11 @@ Tests are marked `@pytest.mark.exercise("1.4", "Tensor.matmul")` (and files with
 - every other failure gets a first line naming the exercise and function, with the test's own
   message first (see `tito.failures`), a recursion named as one, and a failure raised in an earlier
   module's code reported as where it *surfaced* ("the failure surfaced in module 01's Tensor.__init__");
-- a failed test is run once more with the exercises of its module watched (`sys.setprofile`): an
-  exercise whose return value contradicts its annotation is named as the culprit ("14.4
-  ModulePaths.pop returned a list where its annotation says None"), and an exercise the test ran whose
-  own tests fail is named as the one to fix first ("not checked on its own: fix 17.1 ... first");
+- a failed test is run once more with the exercises of its module watched (`sys.settrace`, only then:
+  a test that passes costs nothing): an exercise whose return value contradicts its annotation is named
+  as the culprit ("14.4 ModulePaths.pop returned a list where its annotation says None"); an exercise the
+  test can run (its source and the package's, `failures.CallGraph`) or ran, whose own tests fail, is
+  named as the one to fix first ("not checked on its own: fix 17.1 dead_code_elimination first");
 - every test has a time limit (package tests: `--tito-timeout`, else the `tito_test_timeout` ini option;
   other tests: `tito_other_test_timeout`; `@pytest.mark.time_limit(s)` sets one test's): a test past it
   fails with "18.4 PagedKVCache.free: test did not finish in 30 s", naming where each thread was, and
@@ -345,11 +346,7 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     t0 = time.monotonic()
-    watch = item.config.getoption("--tito-report") and _own_module(item)  # `tito test`: every test runs watched
-    watcher = _watcher(item) if watch else None
-    if watcher is not None and watcher.codes:
-        item._tito_watcher = watcher
-    with _limited(item), (watcher or _NOTHING):
+    with _limited(item):
         yield
     item._tito_call_seconds = time.monotonic() - t0
 
@@ -358,17 +355,6 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item, nextitem):
     with _limited(item):
         yield
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOTHING = _Nothing()
 
 
 def where_it_was(stacks: dict, index, own_module: str | None) -> list[str]:
@@ -439,7 +425,7 @@ class Watcher:
             fn = _resolve(module, name)
             code = getattr(fn, "__code__", None)
             if code is not None:
-                self.codes[code] = (failures.Place(number, name, rel, exercise), fn)
+                self.codes[code] = (failures.Place(number, name, rel, exercise), failures.return_hint(fn))
 
     def _global(self, frame, event, arg):
         if not self.active:
@@ -458,7 +444,7 @@ class Watcher:
             if hit is not None and frame.f_code.co_code[frame.f_lasti] in _RETURN_OPS:  # not an exception, a yield
                 self.returns.append((hit[0], arg))
                 if self.mismatch is None:
-                    how = failures.contract_mismatch(hit[1], arg)
+                    how = failures.mismatch(hit[1], arg)
                     if how:
                         self.mismatch = (hit[0], how)
         return self._local
@@ -519,9 +505,48 @@ def _rerun_watched(item, index):
     return exc, watcher
 
 
+_GRAPHS: dict = {}
+
+
+def static_reach(item, index) -> list[failures.Place]:
+    """The exercises of the test's module that its code can run, read from the source of the test file and
+    of the module's package file (`failures.CallGraph`): what a cache or a second run cannot hide."""
+    own = _own_module(item)
+    root, modules = _course_modules(item)
+    module = next((m for m in modules if m.number == own), None)
+    package = module.package_file(root) if module and root else None
+    test_file = Path(str(item.path))
+    key = (test_file, package)
+    if key not in _GRAPHS:
+        import ast
+
+        graph, tests = failures.CallGraph(), {}
+        try:
+            if package is not None and package.exists():
+                graph.add(ast.parse(package.read_text(encoding="utf-8")))
+            tree = ast.parse(test_file.read_text(encoding="utf-8"))
+            graph.add(tree)
+            tests = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+                tests.update({f"{cls.name}.{m.name}": m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))})
+        except (OSError, SyntaxError, ValueError):
+            pass
+        _GRAPHS[key] = (graph, tests)
+    graph, tests = _GRAPHS[key]
+    name = getattr(item, "originalname", item.name)
+    cls = getattr(item, "cls", None)
+    node = tests.get(f"{cls.__name__}.{name}" if cls else name)
+    if node is None or index is None or own is None:
+        return []
+    start = failures.CallGraph.names_in(node) | set(getattr(item, "fixturenames", ()))
+    rel = "/".join(module.package_module.split(".")) + ".py"
+    table = index.functions(own)
+    return [failures.Place(own, fn, rel, table[fn]) for fn in sorted(graph.reach(start)) if fn in table]
+
+
 def blame_failure(item, exc: BaseException) -> failures.Blame:
-    """Where `exc` (a test's failure) surfaced, and, from a watched second run, which exercises the test
-    ran and which one's output was wrong."""
+    """Where `exc` (a test's failure) surfaced; which exercises the test can run (its source) and ran (a
+    second run, watched); and which one's output was wrong (what it returned, on that second run)."""
     index = _index(item)
     own = _own_module(item)
     number, _ = _exercise(item)
@@ -530,17 +555,14 @@ def blame_failure(item, exc: BaseException) -> failures.Blame:
         return blame
     leaf = _leaves(exc)[0]
     blame.chain = failures.surfaced_chain(index.places(failures.traceback_frames(leaf.__traceback__)), own, number)
-    watcher = getattr(item, "_tito_watcher", None)
-    if watcher is not None:  # the test ran watched (`tito test`)
-        again = exc
-    else:  # run it once more, watched (a plain pytest run watches no test that passes)
-        seconds = getattr(item, "_tito_call_seconds", 0.0)
-        if own is None or seconds > RERUN_UNDER or isinstance(leaf, TimeLimitExceeded):
-            return blame
-        again, watcher = _rerun_watched(item, index)
-        if again is None or type(_leaves(again)[0]) is not type(leaf):
-            return blame  # passed, or failed differently: what it saw may not be what went wrong
-    blame.called = list(watcher.called)
+    blame.called = static_reach(item, index)
+    seconds = getattr(item, "_tito_call_seconds", 0.0)
+    if own is None or seconds > RERUN_UNDER or isinstance(leaf, TimeLimitExceeded):
+        return blame
+    again, watcher = _rerun_watched(item, index)  # a test that passes watches nothing: no cost
+    if again is None or type(_leaves(again)[0]) is not type(leaf):
+        return blame  # passed, or failed differently: what it saw may not be what went wrong
+    blame.called = list(dict.fromkeys([*blame.called, *watcher.called]))
     if watcher.mismatch is not None:
         blame.culprit, blame.how = watcher.mismatch
     else:
@@ -560,8 +582,6 @@ def pytest_runtest_makereport(item, call):
     number, function = _exercise(item)
     rep.tito_exercise, rep.tito_function, rep.tito_reason, rep.tito_blame = number, function, "", None
     if not rep.failed or call.excinfo is None:
-        if call.when == "call":
-            item.__dict__.pop("_tito_watcher", None)  # and what it kept alive (return values)
         return
     header = f"Exercise {number} ({function})" if number else item.nodeid
     missing = _not_implemented_function(call.excinfo)
@@ -584,7 +604,6 @@ def pytest_runtest_makereport(item, call):
     if number:
         rep.sections.insert(0, ("what to fix", f"{header}: {rep.tito_reason}"))
     _session(item.config).failed.append(rep)
-    item.__dict__.pop("_tito_watcher", None)  # what it kept alive (return values) goes with the test
 
 
 # ---------------------------------------------------------------- the whole run
