@@ -6,6 +6,7 @@ import builtins
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -677,3 +678,82 @@ def test_tito_never_imports_the_package_itself():
     assert proc.returncode == 0, proc.stderr
     assert f"(True, '{root / 'tinytorch'}')" in proc.stdout, proc.stdout
     assert "imported: []" in proc.stdout, proc.stdout
+
+
+# ----------------------------------------------------------------- the real cases of issue 29, on the course's modules
+
+_INSTRUCTOR = (Path(__file__).resolve().parents[1] / "settings.ini").read_text().count("edition = instructor") == 1
+
+
+def _failing_reasons(module: str, *bugs) -> dict[str, tuple[str, str]]:
+    """{test name: (exercise, reason)} of the failing package tests of `module` with `bugs` (Mutations) in the
+    reference package, run as `tito test` runs them, with the course's notebooks beside the package (where the
+    exercises are read from)."""
+    from tests.support.mutation import mutated_edition, run_module_tests
+
+    root = Path(__file__).resolve().parents[1]
+    with mutated_edition(root, *bugs) as copy:
+        shutil.copytree(root / "modules", copy / "modules", ignore=shutil.ignore_patterns("__pycache__", ".*"))
+        run = run_module_tests(copy, module)
+        report = json.loads((copy / ".tito-report.json").read_text())
+    assert run.failed, run.output[-3000:]
+    return {t["nodeid"].split("::")[-1]: (t["exercise"], t["reason"]) for t in report["tests"] if t["outcome"] == "failed"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _INSTRUCTOR, reason="needs the instructor edition (the reference package)")
+def test_module_14_pop_returning_the_stack_is_named_not_modules_01_to_03():
+    "issue 29: a wrong 14.4 (`pop` returning the stack) was reported as a failure inside module 01's Tensor.__init__."
+    from tests.support.mutation import Mutation
+
+    bug = Mutation("14", "perf/profiler.py", "ModulePaths.pop", "self.stack.pop()",
+                   "return [self.stack.pop()] and self.stack", "the forward hook returns the stack", "14.4")
+    got = _failing_reasons("14", bug)
+    own = {name: reason for name, (ex, reason) in got.items() if ex == "14.4"}
+    assert own and all(r.startswith("ModulePaths.pop returned a list where its annotation says None; the failure "
+                                    "surfaced in module ") for r in own.values()), own
+    others = {name: reason for name, (ex, reason) in got.items() if ex != "14.4"}
+    assert others and all(r.startswith("not checked on its own: fix 14.4 ModulePaths.pop first (its own tests fail): "
+                                       "it returned a list where its annotation says None") for r in others.values()), others
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _INSTRUCTOR, reason="needs the instructor edition (the reference package)")
+@pytest.mark.parametrize("module,bug", [
+    ("14", ("perf/profiler.py", "op_flops", "2 * math.prod(output_shape) * input_shapes[0][-1]",
+            "math.prod(output_shape) * input_shapes[0][-1]", "matmul FLOPs without the factor 2", "14.1")),
+    ("17", ("perf/acceleration.py", "dead_code_elimination", "live.update(n.args)", "live.update(n.args[:1])",
+            "DCE keeps only the first argument's producer alive", "17.1")),
+], ids=["14.1-op_flops", "17.1-dead_code_elimination"])
+def test_an_upstream_exercise_is_the_one_to_fix_first_in_the_real_modules(module, bug):
+    """issue 29: a wrong 14.1 failed 14.3 and 14.5 without naming op_flops; a DCE bug (17.1) failed the compiler's
+    tests with `KeyError: '%6'`. Every other failing test now names the upstream exercise to fix first."""
+    from tests.support.mutation import Mutation
+
+    m = Mutation(module, *bug)
+    got = _failing_reasons(module, m)
+    own = {name for name, (ex, _) in got.items() if ex == m.exercise}
+    assert own, f"{m.exercise}'s own tests must catch the bug: {got}"
+    others = {name: reason for name, (ex, reason) in got.items() if ex != m.exercise}
+    assert others, got
+    wrong = {name: r for name, r in others.items()
+             if not r.startswith(f"not checked on its own: fix {m.exercise} {m.function} first (its own tests fail)")}
+    assert not wrong, wrong
+
+
+@pytest.mark.skipif(not _INSTRUCTOR, reason="needs the instructor edition (the source notebooks)")
+def test_the_real_notebooks_name_the_upstream_exercise_of_a_failing_cell():
+    """The notebook side of the same cases, from the notebooks' source: 14.3's and 14.5's test cells run op_flops
+    (14.1); 17.4's test cell runs dead_code_elimination (17.1); 14.1's and 17.1's own cells name nobody else."""
+    root = Path(__file__).resolve().parents[1]
+    for slug, upstream, downstream in (("14_profiling", "14.1", ("14.3", "14.5")), ("17_acceleration", "17.1", ("17.4",))):
+        nb = nbs.read(root / "modules" / slug / f"{slug}.ipynb")
+        ex = check.NotebookExercises(nb)
+        labels = nbs.cell_labels(nb)
+        cells = [nbs.CellResult(i, None, labels[i], True, 1.0, status="failed") for i, c in enumerate(nb.cells)
+                 if nbs.is_test_cell(c) and failures.exercise_of_label(labels[i]) in (upstream, *downstream)]
+        assert {failures.exercise_of_label(c.label) for c in cells} == {upstream, *downstream}, [c.label for c in cells]
+        first = ex.upstream(cells)
+        for c in cells:
+            expected = [] if failures.exercise_of_label(c.label) == upstream else [upstream]
+            assert first.get(c.index, []) == expected, (c.label, first)
