@@ -648,6 +648,14 @@ def test_a_cell_past_its_time_limit_is_blamed_on_the_code_that_was_running(tmp_p
     assert "infinite loop" not in given.evalue
     mine = _timed_out(tmp_path, [("def spin(n):\n    i = 0\n    while i < n:\n        i *= 1\n    return i", "solution"),
                                  ("# Exercise 1.1: spin\nassert spin(3) == 3", "test")])
+    checked = _timed_out(tmp_path, [("import time\ndef add(a, b):\n    time.sleep(0.05)\n    return a + b", "solution"),
+                                    ("# Exercise 1.1: add\nassert add(1, 2) == 3", "test"),
+                                    ("for _ in range(10 ** 6):\n    add(1, 2)", "given")])
+    assert checked.evalue.startswith(
+        "3.4 Measured (code cell) (a given cell) did not finish within 3 s, the per-cell limit; when stopped it was "
+        "running your code (add in 3.4 Measured (your solution), line 3), whose tests passed: this given cell does "
+        "much work with it, and the machine is probably busy or slow: raise [execution] student_cell_timeout"), \
+        checked.evalue
     assert re.match(
         r"Exercise 1\.1: spin \(a graded test\) did not finish within 3 s, the per-cell limit; when stopped it was "
         r"running your code: spin in 3\.4 Measured \(your solution\), line [34]\. A loop that never ends", mine.evalue), \
@@ -757,3 +765,26 @@ def test_the_real_notebooks_name_the_upstream_exercise_of_a_failing_cell():
         for c in cells:
             expected = [] if failures.exercise_of_label(c.label) == upstream else [upstream]
             assert first.get(c.index, []) == expected, (c.label, first)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _INSTRUCTOR, reason="needs the instructor edition (the reference package)")
+def test_a_forgotten_free_in_20_4_stops_at_the_time_limit_naming_the_exercise():
+    """issue 33: a forgotten `pool.free` in 20.4 hung the package tests for 15 minutes, ending "no tests ran". Now
+    the tests that wait for a block stop at their limit naming 20.4's function, and every other test runs."""
+    from tests.support.mutation import Mutation, mutated_edition, run_module_tests
+
+    bug = Mutation("20", "serving/server.py", "ContinuousBatcher.step", "self.pool.free(seq.id)", "pass",
+                   "finished sequences keep their blocks", "20.4")
+    root = Path(__file__).resolve().parents[1]
+    with mutated_edition(root, bug) as copy:
+        shutil.copytree(root / "modules", copy / "modules", ignore=shutil.ignore_patterns("__pycache__", ".*"))
+        run = run_module_tests(copy, "20", extra_args=["--tito-timeout=10"], timeout=900)
+        report = json.loads((copy / ".tito-report.json").read_text())
+    stopped = [t for t in report["tests"] if "did not finish in 10 s" in t["reason"]]
+    assert stopped, run.output[-3000:]
+    assert all(t["reason"].startswith(f"{t['exercise']} {t['function']}: test did not finish in 10 s" if t["exercise"]
+                                      else "test did not finish") for t in stopped), [t["reason"] for t in stopped]
+    assert any(t["exercise"] == "20.4" for t in stopped), [t["nodeid"] for t in stopped]
+    ran = [t for t in report["tests"] if t["outcome"] == "passed"]
+    assert len(ran) > len(report["tests"]) // 2, "the other tests ran on"

@@ -6,7 +6,14 @@ package tests alike).
 - A `RecursionError` names the function that called itself and says why that fails on a long graph
   (a recursive traversal goes one Python frame deeper per node).
 - A failure deep inside another module's code (module 13's test failing in module 12's attention)
-  names that module, its function and its file.
+  names that module, its function and its file: where it *surfaced*, not the culprit.
+- Whose code it is (issue 29): `exercise_functions` reads which functions of a notebook are the
+  student's (solution regions, or a release's stubs) and their exercise numbers; `ExerciseIndex` maps a
+  traceback frame of the exported package to a `Place` (an exercise, or given code of a module);
+  `CallGraph` reads from source which exercises a test or a cell can run (`notebook_reach`); `Blame`
+  turns that into the line a student reads: the upstream exercise to fix first ("not checked on its
+  own: fix 17.1 dead_code_elimination first"), an exercise whose return contradicts its annotation
+  ("returned a list where its annotation says None"), and where the failure surfaced.
 """
 from __future__ import annotations
 

@@ -429,7 +429,7 @@ def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | N
                 res = _result_for(i, cell, labels[i])
                 res.status = "failed" if res.is_test else "error"
                 res.ename, res.evalue = "Timeout", timeout_message(nb.cells[1:], i, labels, code, res.traceback,
-                                                                     timeout, pythonpath)
+                                                                     timeout, pythonpath, results)
                 res.seconds = time.monotonic() - t0
                 results[i] = report.timed_out = res
                 if on_cell:
@@ -483,7 +483,8 @@ def running_code(cells, code: list[int], labels: list[str], traceback: str, root
     ("yours", what) when a frame of the student's code is on the stack (a function of a solution cell, or
     an earlier module's exercise in the package), ("given", what) when only given code is, (None, "")
     ("earlier", what) when the student's code on the stack is an earlier module's exercise (which passes
-    its own tests), (None, "") without a traceback. `what` names the deepest such function and where it is."""
+    its own tests), (None, "") without a traceback. `what` names the deepest such function and where it
+    is; the third value is the position of its solution cell (None for package code)."""
     if not traceback:
         return None, ""
     index = None
@@ -505,34 +506,47 @@ def running_code(cells, code: list[int], labels: list[str], traceback: str, root
             k = code[pos]
             where = "this cell" if k == stopped else labels[k]
             what = f"{function + ' in ' if function else ''}{where}, line {line}"
-            (student if is_solution_cell(cells[k]) else given).append(what)
+            (student if is_solution_cell(cells[k]) else given).append((what, k))
         elif filename and index is not None:
             place = index.place(filename, function)
             if place is not None:
                 if place.exercise:
-                    earlier.append(f"your {place.exercise} {place.function} (module {place.module}, {place.path})")
+                    earlier.append((f"your {place.exercise} {place.function} (module {place.module}, {place.path})", None))
                 else:
-                    given.append(f"module {place.module}'s {place.function} ({place.path})")
-    if student:
-        return "yours", student[-1]
-    if earlier:
-        return "earlier", earlier[-1]
-    if given:
-        return "given", given[-1]
-    return None, ""
+                    given.append((f"module {place.module}'s {place.function} ({place.path})", None))
+    for who, found in (("yours", student), ("earlier", earlier), ("given", given)):
+        if found:
+            return who, *found[-1]
+    return None, "", None
+
+
+def tests_after(cells, k: int) -> list[int]:
+    "Positions of the graded test cells that check solution cell `k` (those before the next solution cell)."
+    out = []
+    for j in range(k + 1, len(cells)):
+        if is_solution_cell(cells[j]):
+            break
+        if is_test_cell(cells[j]):
+            out.append(j)
+    return out
 
 
 def timeout_message(cells, i: int, labels: list[str], code: list[int], traceback: str, timeout: float,
-                    root: Path | None = None) -> str:
+                    root: Path | None = None, results: dict | None = None) -> str:
     """Why cell `i` was stopped, blaming the student only for their own code: the cell's section, whether
     the code running when its time ran out was the student's or given (`running_code`), and how to raise
-    the limit."""
+    the limit. `results` ({position: CellResult} of the cells run before): a function of the student's
+    whose tests passed, running inside a given cell, is not blamed either."""
     cell = cells[i]
     kind = ("your solution cell" if is_solution_cell(cell) else "a graded test" if is_test_cell(cell)
             else "a given cell")
     text = f"{labels[i]} ({kind}) did not finish within {timeout:g} s, the per-cell limit"
-    who, what = running_code(cells, code, labels, traceback, root, stopped=i)
+    who, what, k = running_code(cells, code, labels, traceback, root, stopped=i)
     raise_it = f"raise [execution] student_cell_timeout in settings.ini (now {timeout:g}) and run it again"
+    checked = tests_after(cells, k) if k is not None and kind == "a given cell" else []
+    if who == "yours" and checked and all(j in (results or {}) and results[j].ok for j in checked):
+        return (f"{text}; when stopped it was running your code ({what}), whose tests passed: this given cell "
+                f"does much work with it, and the machine is probably busy or slow: {raise_it}")
     if who == "yours":
         return (f"{text}; when stopped it was running your code: {what}. A loop that never ends, or far too much "
                 f"work (a Python loop over every element?); if it is only slow on a busy machine, {raise_it}")
