@@ -100,7 +100,7 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
 
 def test_timeout(ctx: Ctx) -> float:
     "Seconds one package test may run (`[execution] test_timeout`; 0: no limit)."
-    return ctx.settings.number("execution", "test_timeout", 60)
+    return ctx.settings.number("execution", "test_timeout", 120)
 
 
 def killed_run_message(report: Path, timeout: float) -> str:
