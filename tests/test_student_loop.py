@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 from pathlib import Path
 
@@ -788,3 +789,26 @@ def test_a_forgotten_free_in_20_4_stops_at_the_time_limit_naming_the_exercise():
     assert any(t["exercise"] == "20.4" for t in stopped), [t["nodeid"] for t in stopped]
     ran = [t for t in report["tests"] if t["outcome"] == "passed"]
     assert len(ran) > len(report["tests"]) // 2, "the other tests ran on"
+
+
+def test_the_time_limit_stops_a_loop_where_there_is_no_alarm_signal():
+    """Off the main thread (or on Windows, which has no SIGALRM) the limit raises asynchronously in the test's
+    thread, with the stacks of every thread, as the alarm does."""
+    from tito.pytest_plugin import TimeLimitExceeded, _Limit
+
+    caught = []
+
+    def spin():
+        try:
+            with _Limit(0.5):
+                while True:
+                    pass
+        except TimeLimitExceeded as e:
+            caught.append(e)
+
+    worker = threading.Thread(target=spin, name="not-main")
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive() and caught, "the loop was not stopped"
+    assert caught[0].seconds == 0.5 and "not-main" in caught[0].stacks, caught[0].stacks.keys()
+    assert any(name.endswith("spin") for _, name in caught[0].stacks["not-main"]), caught[0].stacks["not-main"]
