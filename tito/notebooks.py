@@ -551,8 +551,8 @@ def timeout_message(cells, i: int, labels: list[str], code: list[int], traceback
         return (f"{text}; when stopped it was running your code: {what}. A loop that never ends, or far too much "
                 f"work (a Python loop over every element?); if it is only slow on a busy machine, {raise_it}")
     if who == "earlier":
-        return (f"{text}; when stopped it was running {what}, which passes its own tests. If your earlier modules' "
-                f"tests ran at their usual speed, the machine is probably busy or slow: {raise_it}")
+        return (f"{text}; when stopped it was running {what}, from an earlier module: if that module's tests ran at "
+                f"their usual speed, the machine is probably busy or slow: {raise_it}")
     if who == "given":
         return (f"{text}; when stopped it was running given code, not yours: {what}. The machine is probably busy "
                 f"or slow: {raise_it}")
