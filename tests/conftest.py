@@ -9,6 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# the milestone harness lives beside the scripts that import it (`import _harness as harness`); appended, so that
+# no script's name shadows a module
+if str(ROOT / "milestones") not in sys.path:
+    sys.path.append(str(ROOT / "milestones"))
 
 pytest_plugins = ["tito.pytest_plugin"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tito import harness
+import _harness as harness
 from tito import milestones as ms
 from tito.course import CourseError, get_module
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support.milestone import MilestoneScript
-from tito import harness
+import _harness as harness
 from tito import milestones as ms
 
 ROOT = Path(__file__).resolve().parents[1]

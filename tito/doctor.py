@@ -29,6 +29,32 @@ def _writable(path: Path) -> tuple[bool, str]:
         return False, f"cannot write to {target} ({e.strerror}): fix its permissions or move the course"
 
 
+_WHERE = "import pathlib, tinytorch; print(pathlib.Path(tinytorch.__file__).resolve().parent)"
+
+
+def tinytorch_check(root: Path, timeout: float = 120) -> tuple[str, bool, str]:
+    """Which tinytorch this Python imports, asked of a child process (`python -P`: not the folder it runs in,
+    as a script or a kernel sees it), so that `tito` never imports the student's package itself: a package
+    that hangs or crashes on import is reported, not fatal."""
+    import subprocess
+
+    fix = f"run `{INSTALL_COMMAND}` in {root}"
+    try:
+        proc = subprocess.run([sys.executable, "-P", "-c", _WHERE], capture_output=True, text=True, timeout=timeout,
+                              cwd=tempfile.gettempdir(), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return ("tinytorch", False, f"importing tinytorch did not finish within {timeout:g} s: code outside any function "
+                                    "in your package runs forever; fix that cell and `tito export` again")
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return ("tinytorch", False, f"cannot import tinytorch ({lines[-1] if lines else f'exit code {proc.returncode}'})"
+                                    f": {fix}")
+    where = Path(proc.stdout.strip().splitlines()[-1])
+    if where != (root / "tinytorch").resolve():
+        return ("tinytorch", False, f"Python imports tinytorch from {where}, not this course's {root / 'tinytorch'}: {fix}")
+    return ("tinytorch", True, str(where))
+
+
 def run_checks(root: Path, settings: Settings) -> list[tuple[str, bool, str]]:
     out = []
     ok = sys.version_info >= (3, 11)
@@ -41,16 +67,7 @@ def run_checks(root: Path, settings: Settings) -> list[tuple[str, bool, str]]:
         except Exception as e:
             why = " (`tito test` needs it)" if name in TEST_PACKAGES else ""
             out.append((f"package {name}", False, f"{type(e).__name__}: {e}{why}: run `{INSTALL_COMMAND}` in {root}"))
-    try:
-        import tinytorch
-
-        where = Path(tinytorch.__file__).resolve().parent
-        good = where == (root / "tinytorch").resolve()
-        out.append(("tinytorch", good, str(where) if good else
-                    f"Python imports tinytorch from {where}, not this course's {root / 'tinytorch'}: "
-                    f"run `{INSTALL_COMMAND}` in {root}"))
-    except Exception as e:
-        out.append(("tinytorch", False, f"cannot import tinytorch ({e}): run `{INSTALL_COMMAND}` in {root}"))
+    out.append(tinytorch_check(root))
     try:
         from jupyter_client.kernelspec import KernelSpecManager
 

@@ -227,7 +227,8 @@ class Outcome:
     why: str = ""
 
 
-STATUS_OF_EXIT = {0: "PASS", 1: "FAIL", 3: "NOISY"}  # a milestone script's exit code (tito.harness.NOISY_EXIT: 3)
+NOISY_EXIT = 3  # a milestone's exit code when no condition failed but some were too noisy to tell
+STATUS_OF_EXIT = {0: "PASS", 1: "FAIL", NOISY_EXIT: "NOISY"}  # a milestone script's exit code
 
 
 def run_all(root: Path, extra: list[str] | None = None, stream=None) -> list[Outcome]:
@@ -245,7 +246,7 @@ def run_all(root: Path, extra: list[str] | None = None, stream=None) -> list[Out
         if missing:
             out.append(Outcome(m, "skipped", why="needs " + ", ".join(x.short() for x in missing)))
             continue
-        print(f"\n=== {m.year} {m.title} ({m.name}) ===\ntarget: {m.target}", file=stream, flush=True)
+        print(f"\n=== {m.year} {m.name} ===", file=stream, flush=True)  # the script prints its title and target
         env = edition_env(root)
         env.setdefault("TITO_ROOT", str(root))
         env.setdefault("MPLBACKEND", "Agg")

@@ -320,10 +320,15 @@ class CellTimedOut(Exception):
 TIMEOUT_POLICY = "stop"
 
 
-def client_class(on_timeout: str = TIMEOUT_POLICY):
+def client_class(on_timeout: str = TIMEOUT_POLICY, locate: float = 0):
     """The notebook executor of `tito test` and of autograding: nbclient without its own SIGINT/SIGTERM
-    handling, applying `on_timeout` ("stop": raise CellTimedOut) to a cell past its limit."""
+    handling, applying `on_timeout` ("stop": raise CellTimedOut) to a cell past its limit. `locate`:
+    seconds to wait, before stopping, for the traceback of an interrupt (where the cell was when its
+    time ran out: the student's code or given code) to reach the cell's outputs."""
+    import asyncio
+
     from nbclient import NotebookClient
+    from nbclient.util import ensure_async
 
     if on_timeout not in ("stop", "interrupt"):
         raise ValueError(f"on_timeout={on_timeout!r} must be 'stop' or 'interrupt'")
@@ -333,6 +338,15 @@ def client_class(on_timeout: str = TIMEOUT_POLICY):
             if on_timeout == "interrupt":  # nbclient's own: interrupt the kernel, record an error, go on
                 self.interrupt_on_timeout = True
                 return await super()._async_handle_timeout(timeout, cell)
+            if locate > 0 and cell is not None and self.km is not None:
+                try:
+                    await ensure_async(self.km.interrupt_kernel())
+                    for _ in range(int(locate * 10)):
+                        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+                            break
+                        await asyncio.sleep(0.1)
+                except Exception:  # a kernel that cannot be interrupted: stopped without its traceback
+                    pass
             raise CellTimedOut(timeout)
 
     return Client
@@ -392,7 +406,7 @@ def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | N
     nb.cells.insert(0, setup)
     env = edition_env(pythonpath) if pythonpath is not None else dict(os.environ, MPLBACKEND="Agg")
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
-    client = _client_class()(nb, timeout=int(timeout), kernel_name="python3", allow_errors=True,
+    client = _client_class(TIMEOUT_POLICY, locate=5)(nb, timeout=int(timeout), kernel_name="python3", allow_errors=True,
                              extra_arguments=["--IPKernelApp.log_level=ERROR"],
                              resources={"metadata": {"path": str(cwd)}})
     report = Report(Path(nb_path))
@@ -414,8 +428,8 @@ def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | N
             except CellTimedOut:
                 res = _result_for(i, cell, labels[i])
                 res.status = "failed" if res.is_test else "error"
-                res.ename, res.evalue = "Timeout", (f"stopped after {timeout:g} s: the cell did not finish "
-                                                    "(an infinite loop, or far too much work?)")
+                res.ename, res.evalue = "Timeout", timeout_message(nb.cells[1:], i, labels, code, res.traceback,
+                                                                     timeout, pythonpath, results)
                 res.seconds = time.monotonic() - t0
                 results[i] = report.timed_out = res
                 if on_cell:
@@ -457,6 +471,96 @@ def execute(nb_path: Path, cwd: Path, timeout: float = 300, pythonpath: Path | N
             first_failure = res
         report.cells.append(res)
     return report
+
+
+_CELL_FRAME = re.compile(r"^\s*(?:Cell In\[(\d+)\], line (\d+)|File (.+?\.py):(\d+))(?:, in ([\w.<>]+))?", re.M)
+
+
+def running_code(cells, code: list[int], labels: list[str], traceback: str, root: Path | None = None,
+                 stopped: int | None = None):
+    """Who wrote the code a stopped cell was running, from the traceback of the interrupt that stopped it
+    (`cells`: the notebook's cells; `code`: the positions of those that ran, in order):
+    ("yours", what) when a frame of the student's code is on the stack (a function of a solution cell, or
+    an earlier module's exercise in the package), ("given", what) when only given code is, (None, "")
+    ("earlier", what) when the student's code on the stack is an earlier module's exercise (which passes
+    its own tests), (None, "") without a traceback. `what` names the deepest such function and where it
+    is; the third value is the position of its solution cell (None for package code)."""
+    if not traceback:
+        return None, ""
+    index = None
+    if root is not None:
+        try:
+            from .course import load_modules
+
+            index = failures.ExerciseIndex(load_modules(Path(root)), Path(root))
+        except Exception:  # no course at `root`: package frames stay unnamed
+            index = None
+    student, earlier, given = [], [], []
+    for m in _CELL_FRAME.finditer(traceback):
+        count, line, filename, _, function = m.groups()
+        function = function if function and function != "<module>" else ""
+        if count:
+            pos = int(count) - 2  # In[1] is tito's setup cell; code cell k runs as In[k + 2]
+            if not 0 <= pos < len(code):
+                continue
+            k = code[pos]
+            where = "this cell" if k == stopped else labels[k]
+            what = f"{function + ' in ' if function else ''}{where}, line {line}"
+            (student if is_solution_cell(cells[k]) else given).append((what, k))
+        elif filename and index is not None:
+            place = index.place(filename, function)
+            if place is not None:
+                if place.exercise:
+                    earlier.append((f"your {place.exercise} {place.function} (module {place.module}, {place.path})", None))
+                else:
+                    given.append((f"module {place.module}'s {place.function} ({place.path})", None))
+    for who, found in (("yours", student), ("earlier", earlier), ("given", given)):
+        if found:
+            return who, *found[-1]
+    return None, "", None
+
+
+def tests_after(cells, k: int) -> list[int]:
+    "Positions of the graded test cells that check solution cell `k` (those before the next solution cell)."
+    out = []
+    for j in range(k + 1, len(cells)):
+        if is_solution_cell(cells[j]):
+            break
+        if is_test_cell(cells[j]):
+            out.append(j)
+    return out
+
+
+def timeout_message(cells, i: int, labels: list[str], code: list[int], traceback: str, timeout: float,
+                    root: Path | None = None, results: dict | None = None) -> str:
+    """Why cell `i` was stopped, blaming the student only for their own code: the cell's section, whether
+    the code running when its time ran out was the student's or given (`running_code`), and how to raise
+    the limit. `results` ({position: CellResult} of the cells run before): a function of the student's
+    whose tests passed, running inside a given cell, is not blamed either."""
+    cell = cells[i]
+    kind = ("your solution cell" if is_solution_cell(cell) else "a graded test" if is_test_cell(cell)
+            else "a given cell")
+    text = f"{labels[i]} ({kind}) did not finish within {timeout:g} s, the per-cell limit"
+    who, what, k = running_code(cells, code, labels, traceback, root, stopped=i)
+    raise_it = f"raise [execution] student_cell_timeout in settings.ini (now {timeout:g}) and run it again"
+    checked = tests_after(cells, k) if k is not None and kind == "a given cell" else []
+    if who == "yours" and checked and all(j in (results or {}) and results[j].ok for j in checked):
+        return (f"{text}; when stopped it was running your code ({what}), whose tests passed: this given cell "
+                f"does much work with it, and the machine is probably busy or slow: {raise_it}")
+    if who == "yours":
+        return (f"{text}; when stopped it was running your code: {what}. A loop that never ends, or far too much "
+                f"work (a Python loop over every element?); if it is only slow on a busy machine, {raise_it}")
+    if who == "earlier":
+        return (f"{text}; when stopped it was running {what}, from an earlier module: if that module's tests ran at "
+                f"their usual speed, the machine is probably busy or slow: {raise_it}")
+    if who == "given":
+        return (f"{text}; when stopped it was running given code, not yours: {what}. The machine is probably busy "
+                f"or slow: {raise_it}")
+    if kind == "a given cell":
+        return (f"{text} (where it was could not be seen). This cell is given code; if the functions of yours it "
+                f"calls are right, the machine is probably busy or slow: {raise_it}")
+    return (f"{text} (where it was could not be seen): a loop that never ends, or far too much work? If it is only "
+            f"slow on a busy machine, {raise_it}")
 
 
 # ---------------------------------------------------------------- export

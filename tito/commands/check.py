@@ -84,12 +84,12 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
             cmd.append("--tb=native")
         for e in exercises:
             cmd.append(f"--exercise={e}")
+        cmd.append(f"--tito-timeout={test_timeout(ctx):g}")
         timeout = ctx.settings.number("execution", "pytest_timeout", 900)
         try:
             proc = run_child(cmd, cwd=ctx.root, env=ctx.pythonpath_env(), timeout=timeout)
         except subprocess.TimeoutExpired:
-            return {"exitstatus": -1, "tests": [], "output": f"pytest did not finish within {timeout:.0f} s "
-                    "([execution] pytest_timeout in settings.ini): look for an infinite loop"}
+            return {"exitstatus": -1, "tests": [], "output": killed_run_message(report, timeout)}
         data = json.loads(report.read_text()) if report.exists() else {"exitstatus": proc.returncode, "tests": []}
         data["output"] = proc.stdout + proc.stderr
         if verbose:
@@ -98,31 +98,85 @@ def run_pytest(ctx: Ctx, files: list[Path], exercises: list[str] = (), verbose: 
         return data
 
 
-def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None) -> str:
-    """Why a cell failed, prefixed with the earlier module whose exported code raised, if another one did."""
+def test_timeout(ctx: Ctx) -> float:
+    "Seconds one package test may run (`[execution] test_timeout`; 0: no limit)."
+    return ctx.settings.number("execution", "test_timeout", 120)
+
+
+def killed_run_message(report: Path, timeout: float) -> str:
+    """Why a pytest run that `tito test` had to kill ended: the test it was running (the plugin names it
+    in `REPORT.running`), which ignored its own time limit (stuck outside Python's reach)."""
+    text = f"pytest did not finish within {timeout:.0f} s ([execution] pytest_timeout in settings.ini)"
+    try:
+        running = json.loads(report.with_name(report.name + ".running").read_text())
+    except (OSError, ValueError):
+        return text + ": look for a loop that never ends"
+    what = " ".join(x for x in (running.get("exercise"), running.get("function")) if x)
+    return (f"{text}: it was still running {running.get('nodeid')}{f' ({what})' if what else ''}, past its own "
+            "time limit, so it is stuck where Python cannot stop it (inside a C call, or with signals blocked)")
+
+
+class NotebookExercises:
+    """The exercises of one notebook run, read from its source: which exercises each cell's code runs
+    (`failures.notebook_reach`), so that a cell failing through another exercise's bug says to fix that
+    one first ("not checked on its own: fix Exercise 17.1 (dead_code_elimination) first")."""
+
+    def __init__(self, nb, release=None):
+        self.functions = failures.exercise_functions(release if release is not None else nb)
+        self.reach = failures.notebook_reach(nb, self.functions)
+        self.done: list[nbs.CellResult] = []
+
+    def upstream(self, cells) -> dict[int, list[str]]:
+        "{cell position: exercises to fix first} of the cells that ran (one not run failed nothing)."
+        return failures.notebook_upstream([(c.index, c.label, c.is_test, c.ok) for c in cells
+                                           if c.status != "not_run"], self.reach)
+
+    def first_text(self, exercises: list[str]) -> str:
+        names = []
+        for ex in exercises:
+            fns = [fn for fn, e in self.functions.items() if e == ex]
+            names.append(f"Exercise {ex}" + (f" ({', '.join(fns)})" if fns else ""))
+        return (f"not checked on its own: fix {' and '.join(names)} first "
+                f"({'its test fails' if len(names) == 1 else 'their tests fail'})")
+
+
+def cell_reason(c: nbs.CellResult, modules=(), own: str | None = None, first: str = "") -> str:
+    """Why a cell failed: the exercise to fix first (`first`), the earlier module whose exported code
+    raised if another one did, then the failure."""
     frames = failures.text_frames(c.traceback)
-    chain = failures.module_chain(frames, modules, own) if modules else []
+    chain = failures.module_chain(frames, modules, own) if modules and c.ename != "Timeout" else []
+    prefix = f"{first}: " if first else ""  # (a cell stopped at its time limit says where it was itself)
     if not chain:
-        return c.reason()
+        return prefix + c.reason()
     if c.status == "not_implemented":
         if frames and frames[-1][0] == "<notebook cell>":   # the stub is this notebook's own, called back by
-            return c.reason()                                 # an earlier module (an op observer, a hook)
-        return f"{c.reason()} (module {chain[0][0]}, {chain[0][2]})"
-    return f"{failures.where_it_failed(frames, modules, own)}: {c.reason()}"
+            return prefix + c.reason()                        # an earlier module (an op observer, a hook)
+        return f"{prefix}{c.reason()} (module {chain[0][0]}, {chain[0][2]})"
+    return f"{prefix}{failures.where_it_failed(frames, modules, own)}: {c.reason()}"
 
 
-def print_notebook_report(report: nbs.Report, modules=(), own: str | None = None) -> None:
+def print_notebook_report(report: nbs.Report, modules=(), own: str | None = None,
+                          exercises: NotebookExercises | None = None) -> None:
+    upstream = exercises.upstream(report.cells) if exercises else {}
+
+    def why(c):
+        return cell_reason(c, modules, own, exercises.first_text(upstream[c.index]) if c.index in upstream else "")
+
     table = Table(title=f"notebook tests: {report.notebook.name}")
     for col in ("test", "points", "result"):
         table.add_column(col)
     for c in report.tests:
-        mark = "[green]passed[/]" if c.ok else f"[red]{escape(cell_reason(c, modules, own))}[/]"
+        mark = "[green]passed[/]" if c.ok else f"[red]{escape(why(c))}[/]"
         table.add_row(escape(c.label), f"{c.points if c.ok else 0:g}/{c.points:g}", mark)
     console.print(table)
     for c in report.errors:
-        console.print(f"[red]{escape(c.label)} raised[/] {escape(cell_reason(c, modules, own))}")
+        console.print(f"[red]{escape(c.label)} raised[/] {escape(why(c))}")
     if report.fatal:
         console.print(f"[red]{escape(report.fatal)}[/]")
+    roots = sorted({e for es in upstream.values() for e in es}, key=failures._number_key)
+    if roots:
+        console.print(f"[bold]fix first:[/] {escape(', '.join('Exercise ' + e for e in roots))}: the cells after it "
+                      "that run its code are not checked on their own")
 
 
 def _exercise_order(ex: str):
@@ -145,7 +199,12 @@ def print_pytest_report(data: dict, title: str, rerun: str = "") -> bool:
         table.add_column(col)
     ok = True
     failed_exercises = []
-    for (ex, fn), ts in sorted(by_ex.items(), key=lambda item: (_exercise_order(item[0][0]), item[0][1])):
+    depends: dict[str, set[str]] = {}  # exercise -> the upstream exercises its failures name
+    for t in tests:
+        if t["outcome"] == "failed" and t.get("upstream"):
+            depends.setdefault(t["exercise"], set()).update(t["upstream"])
+    order = {e: i for i, e in enumerate(failures.upstream_order([e for e, _ in by_ex if e], depends))}
+    for (ex, fn), ts in sorted(by_ex.items(), key=lambda item: (not item[0][0], order.get(item[0][0], 0), item[0][1])):
         failed = [t for t in ts if t["outcome"] == "failed"]
         skipped = [t for t in ts if t["outcome"] == "skipped"]
         passed = sum(t["outcome"] == "passed" for t in ts)
@@ -155,7 +214,8 @@ def print_pytest_report(data: dict, title: str, rerun: str = "") -> bool:
         if not ex:  # tests not tied to one exercise: name them instead of a bare "-"
             names = sorted({t["nodeid"].split("::")[-1].split("[")[0] for t in ts})
             fn = ", ".join(names[:2]) + (f" (+{len(names) - 2})" if len(names) > 2 else "")
-        reasons = sorted({t["reason"] for t in failed})
+        reasons = [r for _, r in sorted({(not t.get("upstream"), t["reason"]) for t in failed})]  # fix-first ones first
+        reasons = list(dict.fromkeys(reasons))
         fix = reasons[0][:500] + (f" (and {len(reasons) - 1} other failure{'s' if len(reasons) > 2 else ''})"
                                    if len(reasons) > 1 else "") if reasons else ""
         if failed:
@@ -168,6 +228,19 @@ def print_pytest_report(data: dict, title: str, rerun: str = "") -> bool:
         ran = len(ts) - len(skipped)
         table.add_row(ex or "other", escape(fn or "-"), f"{passed}/{ran}" if ran else "-", cell)
     console.print(table)
+    blocked = {}
+    for t in tests:
+        for up in t.get("upstream", []) if t["outcome"] == "failed" else []:
+            blocked.setdefault(up, set()).add(t["nodeid"])
+    if blocked:
+        names = {}
+        for (ex, fn) in by_ex:
+            names.setdefault(ex, []).append(fn)
+        first = failures.upstream_order(list(blocked), {})
+        console.print("[bold]fix first:[/] " + "; ".join(
+            f"{escape(e)} {escape(', '.join(names.get(e, [])))} ({len(blocked[e])} other failing "
+            f"test{'s' if len(blocked[e]) > 1 else ''} ran it)" for e in first)
+            + ": a test that runs an exercise whose own tests fail is not checked on its own")
     if not ok and rerun and not data.get("shown"):
         example = failed_exercises[0] if failed_exercises else None
         console.print(f"the whole failure with its traceback: [bold]{rerun}{f' -e {example}' if example else ''} -v[/]")
@@ -207,8 +280,9 @@ class CellProgress:
     """One line per graded cell, failure and slow cell while the notebook runs; in a terminal, a
     spinner names the cell that is running and its time limit."""
 
-    def __init__(self, timeout: float, modules=(), own: str | None = None):
+    def __init__(self, timeout: float, modules=(), own: str | None = None, exercises: NotebookExercises | None = None):
         self.timeout, self.status, self.modules, self.own = timeout, None, modules, own
+        self.exercises, self.done = exercises, []
 
     def __call__(self, event, item, pos, total):
         if event == "start":
@@ -221,12 +295,15 @@ class CellProgress:
                     self.status.update(text)
             return
         res = item
+        self.done.append(res)
         if not (res.is_test or not res.ok or res.seconds >= 2 or "(your solution" in res.label):
             return
         mark = "[green]ok  [/]" if res.ok else "[red]FAIL[/]"
         line = f"  \\[{pos:>2}/{total}] {mark} {res.seconds:5.1f} s  {escape(res.label)}"
         if not res.ok:
-            line += f": {escape(cell_reason(res, self.modules, self.own)[:240])}"
+            first = self.exercises.upstream(self.done).get(res.index) if self.exercises else None
+            first = self.exercises.first_text(first) if first else ""
+            line += f": {escape(cell_reason(res, self.modules, self.own, first)[:240])}"
         console.print(line)
 
     def close(self):
@@ -256,17 +333,17 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
     timeout = student_cell_timeout(ctx)
     console.print(f"[bold]Module {m.number} ({m.title})[/]: running the notebook's graded tests "
                   f"(at most {timeout:g} s per cell)...")
-    progress = CellProgress(timeout, ctx.modules, m.number)
+    release = m.folder / RELEASE_COPY
+    in_notebook = NotebookExercises(nb, nbs.read(release) if release.exists() else None)
+    progress = CellProgress(timeout, ctx.modules, m.number, in_notebook)
     try:
         report = nbs.execute(m.notebook, cwd=m.folder, pythonpath=ctx.root, timeout=timeout, source=nb,
                              on_cell=progress)
     finally:
         progress.close()
     if report.timed_out is not None:
-        console.print(f"[bold red]stopped:[/] {escape(report.timed_out.label)} did not finish within {timeout:g} s "
-                      "(the per-cell limit, \\[execution] student_cell_timeout in settings.ini); the cells after it "
-                      "were not run")
-    print_notebook_report(report, ctx.modules, m.number)
+        console.print(f"[bold red]stopped:[/] {escape(report.timed_out.evalue)}; the cells after it were not run")
+    print_notebook_report(report, ctx.modules, m.number, in_notebook)
     pytest_ok = True
     if not suite.exists():
         console.print(f"[yellow]no package tests at {suite.relative_to(ctx.root)}[/]")
@@ -276,7 +353,7 @@ def test_module(ctx: Ctx, m: Module, exercises: list[str] = (), verbose: bool = 
                       f"{m.package_module} still holds your last good export[/]")
     elif report.timed_out is not None:
         pytest_ok = False
-        console.print(f"[red]package tests not run: fix {escape(report.timed_out.label)} first[/]")
+        console.print(f"[red]package tests not run: the notebook stopped at {escape(report.timed_out.label)} (see above)[/]")
     else:
         console.print(f"running {suite.relative_to(ctx.root)} on your exported package...")
         data = run_pytest(ctx, [suite], exercises, verbose)

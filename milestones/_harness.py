@@ -1,5 +1,7 @@
 """The milestone harness: everything milestone scripts share, so that each script holds only its story
-and its model.
+and its model. It lives beside the scripts (`milestones/_harness.py`; `tito` lists and runs milestones
+without importing it, so `tito` itself imports `tinytorch` only through its probes), and a script
+imports it as `import _harness as harness` (Python puts the script's folder first on `sys.path`).
 
 A milestone script states its header once, as literal constants that `tito milestone list` reads
 without running it (`tito.milestones.parse`), and hands the rest to `start`::
@@ -11,7 +13,7 @@ without running it (`tito.milestones.parse`), and hands the rest to `start`::
     TARGET = "at least 95% test accuracy on the 360 test digits"
     GOAL = {"reach": [("test accuracy", ">=", 0.95)]}
 
-    from tito import harness
+    import _harness as harness  # milestones/_harness.py, beside the scripts
 
     def main(argv=None) -> int:
         run = harness.start(__file__, epochs=15, quick_epochs=3, argv=argv)   # flags, readiness, header
@@ -56,7 +58,7 @@ _AT_MOST = {"at most", "at or below", "<="}
 
 
 PASS, FAIL, NOISY = "PASS", "FAIL", "TOO NOISY TO TELL"
-NOISY_EXIT = 3  # a milestone's exit code when no condition failed but some were too noisy to tell
+NOISY_EXIT = ms.NOISY_EXIT  # a milestone's exit code when no condition failed but some were too noisy to tell
 NOISY_ADVICE = "the interval straddles the target: re-run on a quieter machine"
 
 
@@ -100,9 +102,24 @@ def judge(value, op: str, threshold: float, eps: float = 1e-9) -> str:
     return PASS if good else FAIL if bad else NOISY
 
 
+@dataclass(frozen=True)
+class Times:
+    """A baseline that is `factor` times a measured `value`, for `Run.report(beats=...)`: the line then
+    shows both, "802.7/s vs 3 x 228.3/s", instead of a product the reader cannot trace (684.8)."""
+
+    factor: float
+    value: float
+
+    @property
+    def total(self) -> float:
+        return self.factor * self.value
+
+
 def _shown(value, fmt) -> str:
     if isinstance(value, Interval):
         return f"{fmt(value.point)} (interval {fmt(value.low)}-{fmt(value.high)})"
+    if isinstance(value, Times):
+        return f"{value.factor:g} x {fmt(value.value)}"
     return fmt(value)
 
 
@@ -286,8 +303,10 @@ class Run:
         met, `NOISY_EXIT` (3): none failed but some were too noisy to tell).
 
         `reached`: one `(label, value)` per percentage of TARGET, in order. `beats`: for a TARGET that
-        compares with a baseline, `(label, value, baseline_label, baseline_value, better)` tuples,
-        `better` being "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`).
+        compares with a baseline, `(label, value, baseline_label, baseline_value, better[, unit])` tuples,
+        `better` being "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`);
+        a baseline that is a multiple of a measurement is `Times(3, 228.3)` (shown "3 x 228.3"), and
+        `unit` ("/s", " ms") follows every number of the line: "reached 802.7/s vs 3 x 228.3/s".
         A measured speed is noisy: pass it as an `Interval` (the bootstrap interval of a ratio, say)
         wherever a value goes, and the condition is met, not met, or too noisy to tell (the interval
         straddles the threshold; the run is then reported as such, not failed). `epochs` is checked
@@ -310,12 +329,18 @@ class Run:
 
         for cond, (label, value) in zip(conditions, reached):
             say(f"{cond.op} {cond.text} {label}; reached {_shown(value, lambda v: f'{v:.1%}')}", cond.judge(value))
-        for label, value, base_label, base_value, better in beats:
+        for beat in beats:
+            if len(beat) not in (5, 6):
+                raise ValueError("report(beats=...): each entry is (label, value, baseline label, baseline value, "
+                                 f"'higher' or 'lower'[, unit]); got {beat!r}")
+            label, value, base_label, base_value, better, unit = (*beat, "")[:6]
             if better not in ("higher", "lower"):
                 raise ValueError(f"report(beats=...): better must be 'higher' or 'lower'; got {better!r}")
-            verdict = judge(value, ">" if better == "higher" else "<", base_value)
-            say(f"{label} {better} than {base_label}'s; reached {_shown(value, lambda v: f'{v:.4g}')} vs "
-                f"{base_value:.4g}", verdict)
+            threshold = base_value.total if isinstance(base_value, Times) else base_value
+            verdict = judge(value, ">" if better == "higher" else "<", threshold)
+            fmt = lambda v: f"{v:.4g}{unit}"  # noqa: E731
+            say(f"{label} {better} than {base_label}'s; reached {_shown(value, fmt)} vs {_shown(base_value, fmt)}",
+                verdict)
         if self.target.max_epochs is not None and epochs is not None:
             say(f"within {self.target.max_epochs} epochs; took {epochs}", PASS if epochs <= self.target.max_epochs else FAIL)
         if self.target.max_seconds is not None and seconds is not None:
@@ -355,44 +380,44 @@ class Run:
         return measured.write_json(Path(self.args.out).with_suffix(".json"), data)
 
 
-def slowest_ops(step, repeats: int = 3) -> list[tuple[str, float, int]]:
+def slowest_ops(step, repeats: int = 3, clock=None) -> list[tuple[str, float, int]]:
     """Profile `step()` (one training step) and return `(op, seconds per step, calls)`, slowest first.
 
-    Forward ops are timed through the op observer of module 01 (`tinytorch.core.tensor.observe_ops`):
-    each op result is charged the time since the previous one, so an op's share includes the Python
-    that prepared it. Backward rules are timed through module 06's backward observer
-    (`tinytorch.core.autograd.observe_backward`), which hears every rule the traversal runs on this
-    thread. What neither sees (the optimizer update, data loading) is reported as one line of its own.
+    Forward ops are timed through the op observer of module 01 (`tinytorch.core.tensor.observe_ops`),
+    backward rules through module 06's backward observer (`tinytorch.core.autograd.observe_backward`),
+    which hears every rule the traversal runs on this thread: each op or rule is charged the time since
+    the previous one ended, so an op's share includes the Python that prepared it. What neither sees
+    (the optimizer update, data loading) is reported as one line of its own. `clock` (seconds, default
+    `time.perf_counter`) is the one clock all of it reads: a test passes its own to decide every time.
     """
     import time
 
     from tinytorch.core import autograd, tensor
 
+    clock = clock or time.perf_counter
     totals: dict[str, list] = {}
-
-    def charge(name: str, seconds: float) -> None:
-        entry = totals.setdefault(name, [0.0, 0])
-        entry[0] += seconds
-        entry[1] += 1
-
     last = [0.0]
 
+    def charge(name: str) -> None:
+        now = clock()
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += now - last[0]
+        entry[1] += 1
+        last[0] = clock()
+
     def observer(node, out) -> None:
-        now = time.perf_counter()
-        charge(f"{node.op} (forward)", now - last[0])
-        last[0] = time.perf_counter()
+        charge(f"{node.op} (forward)")
 
     def on_rule(node, grad, grads, start_ns, end_ns) -> None:
-        charge(f"{node.op} (backward)", (end_ns - start_ns) * 1e-9)
-        last[0] = time.perf_counter()  # the next forward op is not charged the rule's time
+        charge(f"{node.op} (backward)")
 
     step()  # warm-up
-    start = time.perf_counter()
+    start = clock()
     with tensor.observe_ops(observer), autograd.observe_backward(on_rule):
         for _ in range(repeats):
-            last[0] = time.perf_counter()
+            last[0] = clock()
             step()
-    total = time.perf_counter() - start
+    total = clock() - start
     ranked = sorted(((name, t / repeats, n // repeats) for name, (t, n) in totals.items()), key=lambda r: -r[1])
     ranked.append(("(not in an op: optimizer update, data, glue)", max(0.0, total / repeats - sum(r[1] for r in ranked)), 0))
     return ranked
