@@ -362,9 +362,11 @@ class Run:
         if getattr(self.args, "out", None) is None:
             return None
 
-        def num(v):  # NumPy scalars are not JSON; an Interval keeps its ends
+        def num(v):  # NumPy scalars are not JSON; an Interval keeps its ends, a Times its factor and value
             if isinstance(v, Interval):
                 return {"low": float(v.low), "high": float(v.high), "estimate": None if v.estimate is None else float(v.estimate)}
+            if isinstance(v, Times):
+                return {"factor": float(v.factor), "value": float(v.value), "total": float(v.total)}
             return v if isinstance(v, str) else float(v)
 
         data = {"milestone": self.milestone.name, "year": self.milestone.year, "target": self.target.text,

@@ -818,7 +818,7 @@ def test_milestone_report_writes_a_result_file(tmp_path, capsys):
     """`Run.report` writes what it checked, its verdict and the machine beside the plot: the guide's source."""
     import argparse
 
-    from tito import harness
+    import _harness as harness
     from tito import milestones as ms
 
     target = harness.Target.parse("at least 95% test accuracy, in under 2 minutes")
@@ -828,6 +828,15 @@ def test_milestone_report_writes_a_result_file(tmp_path, capsys):
     assert data["verdict"] == "PASS" and data["milestone"] == "mlp" and data["seconds"] == 12.5
     assert data["reached"] == [{"label": "test accuracy", "value": 0.97, "condition": ">= 95%"}]
     assert data["machine"]["cores"] and data["date"]
+    # a speed judged on an interval, against a baseline that is a factor times a measured value
+    beats = harness.Target.parse("faster than 3x the baseline")
+    run = harness.Run(ms.get(ROOT, "mlp"), argparse.Namespace(out=tmp_path / "mlp.png", quick=False), ROOT, beats)
+    code = run.report(beats=[("throughput", harness.Interval(650.0, 720.0, 690.0), "3x the baseline",
+                              harness.Times(3, 228.3), "higher", "/s")])
+    data = json.loads((tmp_path / "mlp.json").read_text())
+    assert code == harness.NOISY_EXIT and data["verdict"] == "TOO NOISY TO TELL", data
+    assert data["beats"][0]["value"] == {"low": 650.0, "high": 720.0, "estimate": 690.0}, data["beats"]
+    assert data["beats"][0]["baseline_value"]["factor"] == 3.0, data["beats"]
 
 
 def test_benchmark_result_is_written_where_asked(tmp_path, monkeypatch):

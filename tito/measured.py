@@ -2,7 +2,7 @@
 machine they were measured on (`tito guide measure`).
 
 Nothing measured is typed into the guide by hand. The milestones write a result file beside their plot
-(`tito/harness.py`, `Run.report`), the benchmark scripts one where `TINYTORCH_RESULT_FILE` says
+(`milestones/_harness.py`, `Run.report`), the benchmark scripts one where `TINYTORCH_RESULT_FILE` says
 (`tests/support/bench.py`, `result`), and `tito guide measure` runs them, and the instructor notebooks,
 and keeps what they wrote under `quarto/measured/` (committed; the book is built from it and never
 re-runs anything):
