@@ -10,10 +10,10 @@
 """
 from __future__ import annotations
 
-import base64
 import os
 import re
-import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +24,8 @@ from tests.support.mutation import MUTATIONS, Mutation, apply_mutation
 from tito import notebooks as nbs
 from tito import probes as P
 from tito.course import Settings, load_modules
-from tito.trusted import Plan
+from tito.grading import package_files
+from tito.trusted import BOOT, Checked, Plan, code_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
@@ -44,21 +45,37 @@ def graded_exercises(module) -> list[str]:
     return [P.exercise_of(nbs.exercise_label(c)) for c in nbs.read(module.notebook).cells if nbs.is_test_cell(c)]
 
 
+def run_local(number: str, text: str, exercises=None) -> Checked:
+    """The trusted checks of `text` as module `number`'s exported code, the probe process started as grading starts
+    it (isolated mode, from the code tree with the stripped probe file, the job as data) but without a sandbox:
+    this checks the probes and the replay, not the isolation."""
+    p = plan(number)
+    files = package_files(ROOT, MODULES[number])
+    job = {**p.base(), "mode": "replay", "files": {**files, p.package_rel: P.b64(text.encode())}}
+    with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
+        code = code_tree(Path(tmp) / "code", number)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
+        env.update(OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+
+        def spawn():
+            work = tempfile.mkdtemp(dir=tmp)
+            return subprocess.Popen([sys.executable, "-I", "-c", BOOT, str(code), "tito.probe_run"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env=env, cwd=work, start_new_session=True)
+        return p.run(job, spawn, kill_group, exercises)
+
+
 def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
     """The trusted verdicts on `text` as module `number`'s exported code (all exercises, or `exercises`)."""
-    p = plan(number)
-    groups = [{"exercises": [e for e in g["exercises"] if exercises is None or e in exercises], "sources": g["sources"]}
-              for g in p.groups]
-    groups = [g for g in groups if g["exercises"]]
-    with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
-        pkg = Path(tmp) / "pkg"
-        shutil.copytree(ROOT / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__"))
-        (pkg / p.package_rel).write_text(text, encoding="utf-8")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg), str(ROOT)]), OPENBLAS_NUM_THREADS="1",
-                   PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
-        raw = P.run_groups(p.base(), groups, sys.executable, env, Path(tmp) / "work", 600)
-    out = p.verdicts(raw)
-    return {e: w for e, w in out.items() if exercises is None or e in exercises}
+    return run_local(number, text, exercises).verdicts
+
+
+def kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
 
 
 def exported(nb) -> str:
@@ -96,14 +113,49 @@ def test_every_graded_exercise_has_a_probe():
     assert not unknown, "probes of exercises that are not graded cells: " + ", ".join(unknown)
 
 
-def test_probe_substitutes_name_existing_definitions():
+def test_replayed_names_exist_and_belong_to_an_earlier_exercise():
+    import ast
+
     for number, module in MODULES.items():
         p = P.module_probes(number)
         if not p:
             continue
-        text = exported(nbs.read(module.notebook))
+        tree = ast.parse(exported(nbs.read(module.notebook)))
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {f"{c.name}.{n.name}" for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        labels = {P.exercise_of(nbs.exercise_label(c)): nbs.exercise_label(c) for c in nbs.read(module.notebook).cells
+                  if nbs.is_test_cell(c)}
+        owners = P.replayed_exercises(number, labels)
         for probe in p.values():
-            P.reference_sources(text, probe.uses)  # LookupError names a missing one
+            for name in probe.replay:
+                assert name in defined, f"{module.slug}: Exercise {probe.exercise} replays {name}, which is not defined"
+                assert owners[name], f"{module.slug}: no exercise's label names {name} (replayed by {probe.exercise})"
+                assert P.exercise_key(owners[name]) < P.exercise_key(probe.exercise) or \
+                    owners[name] != probe.exercise, (probe.exercise, name, owners[name])
+
+
+def test_no_probe_substitutes_source_and_sandbox_copies_hold_no_checks():
+    """Issue 28: `uses=` (the reference's source put into the student's module) is gone; the copy of a probe file the
+    sandbox gets has none of its check functions, and registers the same probes."""
+    for number in MODULES:
+        if not P.module_probes(number):
+            continue
+        text = P.probe_file(number).read_text()
+        assert not re.search(r"\buses\s*=", text), f"m{number}.py still uses source substitution (uses=)"
+        copy = P.sandbox_source(number)
+        for p in P.module_probes(number).values():
+            if p.check is not None:
+                assert f"def {p.check.__name__}(" not in copy, (number, p.check.__name__)
+        with tempfile.TemporaryDirectory() as tmp:
+            code = code_tree(Path(tmp), number)
+            probe = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                    "from tito import probes as P; print(sorted(P.module_probes(sys.argv[2])))",
+                                    str(code), number], capture_output=True, text=True)
+            assert probe.stdout.strip() == repr(sorted(P.module_probes(number))), probe.stderr
+            assert not (code / "tito" / "trusted.py").exists() and not (code / "tito" / "grading.py").exists()
+    with pytest.raises(TypeError, match="replay="):
+        P.probe("99.1", uses=("x",))
 
 
 # ------------------------------------------------------------------ every module: solution passes, stubs fail

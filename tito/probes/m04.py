@@ -33,7 +33,7 @@ def mse(rng, rec):
     rec.call("bcast", MSELoss(), Tensor(p[:, :1]), Tensor(t[:, 0]))
 
 
-@probe("4.3", uses=("log_sum_exp",))
+@probe("4.3", replay=("log_sum_exp",))
 def cross_entropy(rng, rec):
     from tinytorch.core.losses import CrossEntropyLoss
     from tinytorch.core.tensor import Tensor

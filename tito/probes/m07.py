@@ -62,7 +62,7 @@ def base(rng, rec):
     rec.call("e_dup", Optimizer, [ps[0], ps[1], ps[0]], lr=0.1)
 
 
-@probe("7.2", uses=INIT + ("SGD.step", "Adam.step"))
+@probe("7.2", replay=INIT + ("SGD.step", "Adam.step"))
 def state_dict(rng, rec):
     from tinytorch.core.optimizers import SGD, Adam
 
@@ -102,7 +102,7 @@ def state_dict(rng, rec):
         json.dumps(0)
 
 
-@probe("7.3", uses=INIT)
+@probe("7.3", replay=INIT)
 def sgd(rng, rec):
     from tinytorch.core.optimizers import SGD
 
@@ -112,7 +112,7 @@ def sgd(rng, rec):
         rec.call(key, _trajectory, rng, SGD(ps, lr=0.05, **kw), ps, 4, 1)
 
 
-@probe("7.4", uses=INIT)
+@probe("7.4", replay=INIT)
 def adam(rng, rec):
     from tinytorch.core.optimizers import Adam
 
@@ -122,7 +122,7 @@ def adam(rng, rec):
         rec.call(key, _trajectory, rng, Adam(ps, **kw), ps, 5, 1)
 
 
-@probe("7.5", uses=INIT + ("Adam.step",))
+@probe("7.5", replay=INIT + ("Adam.step",))
 def adamw(rng, rec):
     from tinytorch.core.optimizers import AdamW
 

@@ -57,7 +57,7 @@ def im2col(rng, rec):
     rec["products"] = products
 
 
-@probe("9.3", uses=CONV)
+@probe("9.3", replay=CONV)
 def conv_backward(rng, rec):
     from tinytorch.core.spatial import Conv2dFunction, col2im, im2col as i2c
     from tinytorch.core.tensor import Tensor
@@ -72,7 +72,7 @@ def conv_backward(rng, rec):
     rec.call("first_layer", lambda: grads(rng, Conv2dFunction.apply(x, w, None, padding=1), x, w))
 
 
-@probe("9.4", uses=CONV + ("col2im", "Conv2dFunction.backward"))
+@probe("9.4", replay=CONV + ("col2im", "Conv2dFunction.backward"))
 def conv_layer(rng, rec):
     from tinytorch.core.spatial import Conv2d
     from tinytorch.core.tensor import Tensor

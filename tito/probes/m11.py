@@ -34,7 +34,7 @@ def lookup_forward(rng, rec):
     rec.call("apply_f64", EmbeddingLookup.apply, Tensor(rng.standard_normal((4, 2)), dtype=np.float64), np.array([3, 0, 3]))
 
 
-@probe("11.2", uses=("EmbeddingLookup.forward",))
+@probe("11.2", replay=("EmbeddingLookup.forward",))
 def lookup_backward(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.text.embeddings import Embedding

@@ -80,7 +80,7 @@ def softmax_forward(rng, rec):
     rec.call("strict_all_masked", strict, f32(rng, 2, 3), np.ones((2, 3), dtype=bool))
 
 
-@probe("12.4", uses=("MaskedSoftmax.forward",))
+@probe("12.4", replay=("MaskedSoftmax.forward",))
 def softmax_backward(rng, rec):
     from tinytorch.core.attention import MaskedSoftmax
     from tinytorch.core.tensor import Tensor
@@ -94,7 +94,7 @@ def softmax_backward(rng, rec):
     rec.call("bcast_mask", lambda: _grads(rng, MaskedSoftmax.apply(s3, rng.random((1, 5)) < 0.4), s3))
 
 
-@probe("12.5", uses=PARTS)
+@probe("12.5", replay=PARTS)
 def sdpa(rng, rec):
     from tinytorch.core.attention import scaled_dot_product_attention as attn
     from tinytorch.core.tensor import Tensor
@@ -147,7 +147,7 @@ def heads(rng, rec):
     rec.call("split_grads", lambda: _grads(rng, m3.split_heads(x3), x3))
 
 
-@probe("12.7", uses=PARTS + ("scaled_dot_product_attention", "MultiHeadAttention.split_heads",
+@probe("12.7", replay=PARTS + ("scaled_dot_product_attention", "MultiHeadAttention.split_heads",
                              "MultiHeadAttention.merge_heads"))
 def mha(rng, rec):
     from tinytorch.core.attention import ConcatCache, MultiHeadAttention

@@ -39,7 +39,7 @@ def layernorm(rng, rec):
     rec.call("big_mean", lambda: LayerNorm(5)(Tensor(f32(rng, 4, 5) + 1000.0)))
 
 
-@probe("13.2", uses=("LayerNormFunction.forward",), rtol=1e-3, atol=1e-5)
+@probe("13.2", replay=("LayerNormFunction.forward",), rtol=1e-3, atol=1e-5)
 def layernorm_backward(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.models.gpt import LayerNorm
@@ -63,7 +63,7 @@ def _block(rng, dropout=0.0):
     return TransformerBlock(8, 2, dropout=dropout, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("13.3", uses=LN)
+@probe("13.3", replay=LN)
 def block(rng, rec):
     from tinytorch.core.attention import ConcatCache
     from tinytorch.core.autograd import no_grad
@@ -165,7 +165,7 @@ def _gpt(rng, vocab=11, ctx=8):
     return GPT(vocab, ctx, 16, 2, 2, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("13.5", uses=LN + ("TransformerBlock.forward",), rtol=1e-3, atol=1e-5)
+@probe("13.5", replay=LN + ("TransformerBlock.forward",), rtol=1e-3, atol=1e-5)
 def gpt_forward(rng, rec):
     from tinytorch.core.attention import ConcatCache
     from tinytorch.core.autograd import no_grad
@@ -195,7 +195,7 @@ def gpt_forward(rng, rec):
     rec.call("grads", lambda: _grads(rng, g(idx), g.tok_emb.weight, g.pos_emb.weight, g.ln_f.weight, g.head.weight))
 
 
-@probe("13.6", uses=LN + ("TransformerBlock.forward", "GPT.forward", "sample_next"))
+@probe("13.6", replay=LN + ("TransformerBlock.forward", "GPT.forward", "sample_next"))
 def generate(rng, rec):
     g = _gpt(rng, vocab=7, ctx=4)
     idx = rng.integers(0, 7, size=(2, 3))

@@ -78,7 +78,7 @@ def _gpt(rng, *args):
     return GPT(*args, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("14.3", uses=("op_flops",))
+@probe("14.3", replay=("op_flops",))
 def count(rng, rec):
     from tinytorch.core.layers import Linear
     from tinytorch.core.spatial import Conv2d
@@ -206,7 +206,7 @@ def _profiler_check(got, want):
     return ""
 
 
-@probe("14.5", uses=("op_flops", "op_bytes") + PATHS, check=_profiler_check)
+@probe("14.5", replay=("op_flops", "op_bytes") + PATHS, check=_profiler_check)
 def profiler(rng, rec):
     from tinytorch.core.activations import ReLU
     from tinytorch.core.layers import Linear, Sequential

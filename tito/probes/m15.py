@@ -132,7 +132,7 @@ def qparams(rng, rec):
     rec.call("bad", compute_qparams, 3.0, 1.0)
 
 
-@probe("15.5", uses=("quantize", "dequantize", "compute_qparams"), rtol=1e-5, atol=1e-6)
+@probe("15.5", replay=("quantize", "dequantize", "compute_qparams"), rtol=1e-5, atol=1e-6)
 def qlinear(rng, rec):
     from tinytorch.core.layers import Linear
     from tinytorch.core.tensor import Tensor

@@ -95,7 +95,7 @@ def cse(rng, rec):
     _record_pass(rec, "chain", cse_, trace(lambda p, q: (p + q).exp() * (p + q).exp() - (q + p), x, y), x, y)
 
 
-@probe("17.4", uses=("dead_code_elimination", "common_subexpression_elimination"))
+@probe("17.4", replay=("dead_code_elimination", "common_subexpression_elimination"))
 def fusion(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.perf.acceleration import (common_subexpression_elimination as cse_,
