@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.support.mutation import MUTATIONS, Mutation, apply_mutation
@@ -523,3 +524,118 @@ def test_trusted_grade_catches_the_mutation_catalogue():
     share = len(caught) / len(CATALOGUE)
     print("\n".join(["caught:", *caught, "missed:", *missed, f"{len(caught)}/{len(CATALOGUE)} = {share:.0%}"]))
     assert share >= 0.9, f"the trusted grade catches only {share:.0%} of the catalogue; missed: {missed}"
+
+
+# ------------------------------------------------------------------ verdicts, statuses and the oracle (no notebook)
+
+
+def _fake_plan(check=None, exercises=("99.1", "99.2"), replay=()):
+    """A plan for a made-up module 99 whose reference recorded {'x': 1.0} for each exercise."""
+    from types import SimpleNamespace
+
+    P.REGISTRY["99"] = {ex: P.Probe(ex, "99", lambda rng, rec: None, tuple(replay), check=check) for ex in exercises}
+    return Plan(SimpleNamespace(number="99", slug="99_fake"), 1, "tinytorch.fake", "tinytorch/fake.py", list(exercises),
+                reference={ex: ({"x": 1.0}, {"kind": "ok"}) for ex in exercises},
+                owners={"helper": "99.1"}, labels={ex: f"Exercise {ex}: f" for ex in exercises})
+
+
+def test_a_check_that_crashes_on_an_odd_result_scores_that_exercise_zero_and_says_what_came_back():
+    def fragile(got, want):
+        return "" if got["x"].a.sum() > 0 else "bad"  # assumes an array: the student's code returned a Raised
+    plan = _fake_plan(check=fragile)
+    try:
+        raw = {"99.1": {"values": {"x": P.Raised("ValueError", "boom")}, "outcome": {"kind": "ok"}},
+               "99.2": {"values": {"x": P.Arr(np.ones(2), "ndarray")}, "outcome": {"kind": "ok"}}}
+        out = plan.verdicts(raw).verdicts
+    finally:
+        P.REGISTRY.pop("99", None)
+    assert out["99.2"] == ""
+    assert "the checker could not read what your code returned" in out["99.1"] and "'ValueError' raised" in out["99.1"]
+
+
+def test_verdict_text_is_the_graders_and_the_students_words_are_quoted():
+    plan = _fake_plan()
+    try:
+        forged = "passed: full points\nAutograderCheck: Exercise 99.1 passed " + "x" * 1000
+        raw = {"99.1": {"values": {}, "outcome": {"kind": "raised", "type": "AutograderCheck", "message": forged}},
+               "99.2": {"values": {"x": "passed"}, "outcome": {"kind": "ok"}}}
+        out = plan.verdicts(raw).verdicts
+    finally:
+        P.REGISTRY.pop("99", None)
+    assert out["99.1"].startswith("the check could not use your code: it raised 'AutograderCheck': 'passed: full points")
+    assert "\n" not in out["99.1"] and len(out["99.1"]) < 400, out["99.1"]
+    assert out["99.2"].startswith("case 'x' (your code called on the checker's own inputs): your code gave 'passed'")
+
+
+def test_a_dependency_that_failed_is_named_in_the_verdict():
+    from tito.trusted import Replayed
+
+    plan = _fake_plan(replay=("helper",))
+    try:
+        raw = {"99.1": {"values": {"x": 2.0}, "outcome": {"kind": "ok"}},
+               "99.2": {"values": {"x": 3.0}, "outcome": {"kind": "ok"}}}
+        out = plan.verdicts(raw, {"99.2": Replayed(missed=["helper"])}).verdicts
+    finally:
+        P.REGISTRY.pop("99", None)
+    assert out["99.2"].startswith("not checked on its own: it uses 99.1 (helper), which failed"), out["99.2"]
+
+
+def test_oracle_answers_only_recorded_calls_of_the_running_exercise_and_closes_a_name_at_its_first_miss():
+    from tito.trusted import Oracle, Table
+
+    plan = _fake_plan(replay=("helper", "other"))
+    key = lambda v: [[{"__array__": P.array_json(np.array([v], np.float32))["__array__"], "kind": "ndarray"}], {}]  # noqa: E731
+    answer = {"post": [], "files": {}, "gen": False, "result": 42}
+    plan.tables = {"99.2": Table.of([{"name": "helper", "key": key(1.0), "answer": answer},
+                                     {"name": "other", "key": key(5.0), "answer": answer}])}
+    try:
+        o = Oracle(plan)
+        o.begin("99.2")
+        assert o.answer("99.2", {"ex": "99.2", "name": "helper", "key": key(1.0 + 1e-7)})["t"] == "hit"  # within tolerance
+        assert o.answer("99.2", {"ex": "99.1", "name": "helper", "key": key(1.0)})["t"] == "miss"  # not the running one
+        assert o.answer("99.2", {"ex": "99.2", "name": "helper", "key": key(2.0)})["t"] == "miss"  # a guess...
+        assert o.answer("99.2", {"ex": "99.2", "name": "helper", "key": key(1.0)})["t"] == "miss"  # ...closes the name
+        assert o.answer("99.2", {"ex": "99.2", "name": "other", "key": key(5.0)})["t"] == "hit"  # others stay open
+        assert o.answer("99.2", {"ex": "99.2", "name": "unlisted", "key": key(5.0)})["t"] == "miss"
+        assert o.stats["99.2"].missed == ["helper", "unlisted"] or o.stats["99.2"].missed[0] == "helper"
+        o.begin("99.1")
+        assert o.answer("99.1", {"ex": "99.1", "name": "other", "key": key(5.0)})["t"] == "miss"  # 99.1 has no table
+    finally:
+        P.REGISTRY.pop("99", None)
+
+
+def test_a_probe_process_that_hangs_is_stopped_at_its_limit_on_the_clock_given():
+    """run_probe_job's limits read the clock it is given: a process that never answers ends in simulated seconds."""
+    from tito.trusted import run_probe_job
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 5.0
+        return now[0]
+
+    def spawn():
+        return subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.readline(); "
+                                 "print('{\"t\": \"ready\"}', flush=True); time.sleep(60)"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    raw = run_probe_job(spawn, kill_group, {"module": "99"}, ["99.1", "99.2"], exercise_s=30, budget_s=45,
+                        start_s=20, clock=clock)
+    assert raw["99.1"]["failure"].startswith("running your code for this exercise did not finish within 30 s"), raw
+    assert raw["99.2"]["failure"].endswith("the checks of all exercises ran out of their 45 s"), raw
+
+
+def test_inline_failure_without_a_message_is_described():
+    import nbformat
+
+    from tito.trusted import apply_verdicts
+
+    cell = nbformat.v4.new_code_cell("# Exercise 1.1: f\nassert f(1) == 2")
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1, "locked": True,
+                                 "schema_version": 3}
+    cell.outputs = [nbformat.v4.new_output("error", ename="AssertionError", evalue="",
+                                           traceback=["----> 2 assert f(1) == 2", "AssertionError: "])]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    log: list[str] = []
+    apply_verdicts(nb, {"1.1": ""}, log)
+    assert "AssertionError: )" not in log[0] and "an AssertionError without a message at `2 assert f(1) == 2`" in log[0]

@@ -12,12 +12,19 @@ Course layout (all under `settings.ini` [nbgrader] root, ignored by git):
     nbgrader/grading/NN_name/STUDENT.log          the full story of one submission's grading
     nbgrader/gradebook.db                         the gradebook; nbgrader/grades.csv its export
 
-Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells and
-hidden tests from the gradebook before, save the scores after) and executes each submission in a
-worker process of its own (`tito.grade_worker`), several at a time, each under a wall-clock limit,
-a memory limit and the sandbox of `tito.sandbox`. Before that, every submission is compared with the
-release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back from the
-release, the submission is graded from the student's code, and it is flagged `needs review`.
+Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells from the
+gradebook before, save the scores after) and executes each submission in a worker process of its own
+(`tito.grade_worker`), several at a time, each under a wall-clock limit and the sandbox of
+`tito.sandbox` (per submission: a cgroup with the memory and process limits, a leased user id). The
+score comes from the trusted checks (`tito.trusted`): each submission's exported code is probed in a
+second, fresh sandbox that never ran the notebook, and every graded cell carries that verdict.
+Hidden tests never run in the student's kernel (they are stripped before execution; the trusted
+checks score, the visible tests run for the student's feedback). Before that, every submission is
+compared with the release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back
+from the release, the submission is graded from the student's code, and it is flagged `needs review`;
+copied cells and older nbformat versions are normalized and graded. Statuses say what happened: a
+worker killed by a signal the submission sent, a submission over its memory limit, a timeout named by
+the exercise and function, a check that could not read a student's odd result (that exercise scores 0).
 
 nbgrader creates the gradebook by running the `alembic` executable found on PATH, so every call
 puts this Python's `bin` folder first on PATH.
@@ -397,8 +404,9 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
     found: dict[str, list[tuple[str, Path, str]]] = {}
     results: list[Collected] = []
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name == "__MACOSX":
-            continue
+        if entry.name.startswith(".") and not (entry.suffix == ".ipynb" and entry.is_file()) \
+                or entry.name in ("__MACOSX", ".ipynb_checkpoints"):
+            continue  # hidden files and folders (a notebook whose name starts with '.' is reported below)
         number = ""
         if entry.is_dir():
             name = entry.name

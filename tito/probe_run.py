@@ -615,10 +615,20 @@ def _write_files(files: dict, root: str) -> None:
 
 def main() -> int:
     chan = _private_channel()
+    try:
+        return run(chan)
+    except SystemExit:
+        raise
+    except BaseException as e:  # the runner's own failure (before or between probes): said on the channel
+        chan.send({"t": "fatal", "why": f"{type(e).__name__}: {P.safe_str(e)}"})
+        return 1
+
+
+def run(chan: Channel) -> int:
     job = chan.receive()
     mode = job.get("mode", "replay")
     work = os.getcwd()
-    if job.get("files"):
+    if "files" in job:
         pkg = os.path.join(work, ".pkg")
         _write_files(job["files"], pkg)
     else:

@@ -788,6 +788,8 @@ def _preflight_probe_runner(box: Sandbox, timeout: float) -> None:
         if box.mode == "none":
             shutil.rmtree(work, ignore_errors=True)
     first = proc.stdout.decode("utf-8", "replace").splitlines()[:1]
+    if first and first[0].startswith('{"t":"fatal"'):
+        first = [json.loads(first[0]).get("why", "")[:200]]
     if first != ['{"t":"ready"}']:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         raise CourseError(diagnose(box, f"the probe runner did not start ({(err or first or ['no output'])[-1][:200]})"))

@@ -13,8 +13,9 @@ enters a process that runs or imports student code. Concretely:
   it reports data only (JSON, arrays inline, never pickle), which `tito.probes.check` compares here;
 - an exercise that calls an earlier one of the same module gets the reference's *outcomes* of those
   calls, one call at a time, from the table recorded here (`Oracle`): never the table, never the code;
-  the first call that matches no recorded one closes the table for that exercise, and its verdict then
-  names the dependency ("13.3 not checked on its own: it uses 13.1, which failed");
+  the first call of a name that matches no recorded one closes that name for the exercise (the student's own
+  code runs for it), and the verdict then names the dependency ("13.3 not checked on its own: it uses 13.1,
+  which failed");
 - every verdict sentence is written here; what the student's process reported (an exception's type and
   message, a value) is bounded and quoted as the student's own output;
 - hidden tests never run in the student's kernel: the trusted checks score, the notebook's visible tests
@@ -200,16 +201,18 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
     while remaining:
         proc = spawn()
         conn = Conn(proc, clock)
-        current, killed = None, False
+        current, killed, by_budget = None, False, False
         try:
-            start_deadline = min(budget_end, clock() + start_s) + start_s
-            conn.send(job, start_deadline)
-            msg = conn.receive(start_deadline)
+            started = clock()
+            conn.send(job, started + start_s)
+            msg = conn.receive(started + start_s)
             if msg.get("t") != "ready":
-                raise _Ended("did not start")
+                raise _Ended("did not start" if msg.get("t") != "fatal" else "failed to start")
+            budget_end += clock() - started  # starting a process is not the exercises' time
             while remaining:
                 current = remaining[0]
-                deadline = min(budget_end + start_s, clock() + exercise_s)
+                own_end = clock() + exercise_s
+                deadline, by_budget = min(own_end, budget_end), budget_end < own_end
                 conn.send({"t": "run", "ex": current}, deadline)
                 if oracle is not None:
                     oracle.begin(current)
@@ -243,8 +246,8 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
                     results[ex] = {"failure": f"the checking process {why}"}
                 return results
             if killed:
-                why = f"did not finish within {exercise_s:g} s" if clock() < budget_end else \
-                    "was not checked: the checks ran out of time"
+                why = (f"was stopped: the checks of all exercises ran out of their {budget_s:g} s" if by_budget
+                       else f"did not finish within {exercise_s:g} s")
             elif e.why == "exit":
                 proc.wait()
                 why = f"ended the checking process (it {_how_it_ended(proc, False)})"
@@ -410,14 +413,13 @@ class Oracle:
         st.calls += 1
         name = str(msg.get("name", ""))[:200]
         probe = P.module_probes(self.plan.module.number).get(ex)
-        if msg.get("ex") != ex or name in self.closed or probe is None or name not in probe.replay \
-                or st.calls > MAX_ORACLE_CALLS:
-            self.closed.add(name)
-            return {"t": "miss"}
-        try:
-            answer = self.plan.tables.get(ex, Table()).lookup(name, msg.get("key"))
-        except (RecursionError, TypeError, ValueError, KeyError):
-            answer = None
+        answer = None
+        if msg.get("ex") == ex and name not in self.closed and probe is not None and name in probe.replay \
+                and st.calls <= MAX_ORACLE_CALLS:
+            try:
+                answer = self.plan.tables.get(ex, Table()).lookup(name, msg.get("key"))
+            except (RecursionError, TypeError, ValueError, KeyError):
+                answer = None
         if answer is None:
             if name not in st.missed:
                 st.missed.append(name)

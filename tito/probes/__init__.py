@@ -26,11 +26,13 @@ arguments (as data) and what it returned, raised and changed in its arguments (a
 probe runs over the student's code, each call of them asks the trusted process, over the probe
 process's pipe, for the recorded outcome of a call with the same arguments (floats within a
 tolerance): a hit replays it (the reference's *outputs* for those inputs, computed in the trusted
-process, never its code); the first call that matches no recorded one ends the replay for that
-exercise and the student's own code runs from then on (the verdict then names the dependency:
-"13.3 not checked on its own: it uses 13.1, which failed"). The recorded table never enters the
-sandbox: it answers one call at a time, only the calls of the running exercise, and closes at the
-first miss, so a submission cannot read expected values out of it.
+process, never its code). The first call of a name that matches no recorded one closes that name's
+table for the exercise, and the student's own code runs for it from then on (the verdict then names
+the dependency: "13.3 not checked on its own: it uses 13.1, which failed"). The recorded table never
+enters the sandbox: it answers one call at a time, only the calls of the running exercise, and a
+name closes at its first miss, so a submission cannot read expected values out of it nor learn them
+by guessing. A call whose outcome cannot be given back as data (a result that joined an autograd
+graph, a new function) runs the student's own code.
 
 A probe file holds no reference logic: a helper that computes what an answer should be is a `check=`
 function, which runs in the trusted process only; the sandbox gets a copy of the probe file without
@@ -492,14 +494,16 @@ def check(p: Probe, student: tuple[dict, dict] | None, reference: tuple[dict, di
     if p.check is not None:
         missing = sorted(set(ref_values) - set(values))
         if missing:
-            return f"no result for {missing[0]!r}"
+            return f"case {missing[0]!r}: no result"
         return p.check(values, ref_values) or ""
     for key, want in ref_values.items():
         if key not in values:
-            return f"{key!r}: no result"
-        why = compare(values[key], want, p, key)
+            return f"case {key!r}: no result"
+        why = compare(values[key], want, p, "\x00")
         if why:
-            return why
+            where, _, msg = why.partition(": ")
+            path = where.replace("\x00", "")
+            return f"case {key!r}{' at ' + path if path else ''} (your code called on the checker's own inputs): {msg}"
     return ""
 
 

@@ -1,6 +1,6 @@
-"""Probes of module 01 (tensor): see tito/probes/__init__.py. Every probe after 1.2 builds its inputs with the
-reference `Tensor.__init__` (and 1.3, 1.4, 1.8 use the reference `broadcast_shape`), so a bug there is charged
-to 1.1 / 1.2 only."""
+"""Probes of module 01 (tensor): see tito/probes/__init__.py. Every probe after 1.2 replays the reference's
+recorded outcomes of `Tensor.__init__` (and 1.3, 1.4, 1.8 of `broadcast_shape`), so a bug there is charged to
+1.1 / 1.2 only."""
 import numpy as np
 
 from . import probe

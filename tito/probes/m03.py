@@ -1,8 +1,8 @@
 """Probes of module 03 (layers): see tito/probes/__init__.py.
 
-Substitutes (one bug charged once): 3.2 and 3.3 walk the tree with the reference `named_children`;
-3.5 draws with the reference initializers; 3.6 and 3.8 build their layers with the reference
-`Linear.__init__` (and 3.8 runs the reference `Linear.forward`)."""
+Replayed (one bug charged once): 3.2 and 3.3 walk the tree with the reference's recorded outcomes of
+`named_children`; 3.5 draws with the initializers'; 3.6 and 3.8 build their layers with `Linear.__init__`'s
+(and 3.8 calls `Linear.forward`, whose results join the autograd graph: the student's own code runs it)."""
 import numpy as np
 
 from . import probe

@@ -1,5 +1,5 @@
-"""Probes of module 04 (losses): see tito/probes/__init__.py. The losses are checked with the reference
-`log_sum_exp` where they may call it (4.3), so a bug there is charged to 4.1 only."""
+"""Probes of module 04 (losses): see tito/probes/__init__.py. The losses replay the reference's recorded
+outcomes of `log_sum_exp` where they call it (4.3), so a bug there is charged to 4.1 only."""
 import numpy as np
 
 from . import probe

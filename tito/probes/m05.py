@@ -1,6 +1,6 @@
-"""Probes of module 05 (dataloader): see tito/probes/__init__.py. Probes after 5.1 build their datasets with the
-reference `TensorDataset.__init__` (and 5.4 fetches with the reference `get_batch` and batch order), so a bug is
-charged to its own exercise."""
+"""Probes of module 05 (dataloader): see tito/probes/__init__.py. Probes after 5.1 replay the reference's
+recorded outcomes of `TensorDataset.__init__` (and 5.4 of `get_batch` and the batch order), so a bug is charged
+to its own exercise."""
 import numpy as np
 
 from . import probe

@@ -1,6 +1,6 @@
 """Probes of module 07 (optimizers): see tito/probes/__init__.py. Gradients are set by hand (no autograd);
-7.2-7.5 build their optimizers with the reference `Optimizer.__init__`, 7.2 steps with the reference `SGD.step`
-and `Adam.step`, and 7.5 (AdamW) with the reference `Adam.step`, so each bug is charged to its exercise."""
+7.2-7.5 replay the reference's recorded outcomes of `Optimizer.__init__`, 7.2 of `SGD.step` and `Adam.step`, and
+7.5 (AdamW) of `Adam.step`, so each bug is charged to its exercise."""
 import numpy as np
 
 from . import probe

@@ -1,6 +1,6 @@
-"""Probes of module 08 (training): see tito/probes/__init__.py. 8.4 trains with the reference
-`clip_grad_norm_`; 8.6 loads files written by the reference `save_checkpoint`, so each bug is charged once.
-Models, losses and optimizers come from modules 03-07 (the reference, prerequisites of 08)."""
+"""Probes of module 08 (training): see tito/probes/__init__.py. 8.4 replays the reference's recorded outcomes of
+`clip_grad_norm_`; 8.6 loads the files the reference's `save_checkpoint` wrote (replayed as data), so each bug is
+charged once. Models, losses and optimizers come from modules 03-07 (the reference, prerequisites of 08)."""
 import os
 
 import numpy as np

@@ -1,5 +1,5 @@
-"""Probes of module 10 (tokenization): see tito/probes/__init__.py. 10.4-10.6 run with the reference
-`count_pairs` and `merge_pair` (the issue's one-character `merge_pair` bug is then charged to 10.3 only)."""
+"""Probes of module 10 (tokenization): see tito/probes/__init__.py. 10.4-10.6 replay the reference's recorded
+outcomes of `count_pairs` and `merge_pair` (the issue's one-character `merge_pair` bug is then charged to 10.3 only)."""
 import numpy as np
 
 from . import probe

@@ -1,5 +1,5 @@
-"""Probes of module 11 (embeddings): see tito/probes/__init__.py. 11.2 (the scatter-add backward) runs the
-reference `EmbeddingLookup.forward`; 11.5 (the sparse gradient) needs nothing else."""
+"""Probes of module 11 (embeddings): see tito/probes/__init__.py. 11.2 (the scatter-add backward) replays the
+reference's recorded outcomes of `EmbeddingLookup.forward`; 11.5 (the sparse gradient) needs nothing else."""
 import numpy as np
 
 from . import probe

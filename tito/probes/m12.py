@@ -1,6 +1,7 @@
-"""Probes of module 12 (attention): see tito/probes/__init__.py. Substitutes (one bug charged once): 12.4 runs
-the reference `MaskedSoftmax.forward`; 12.5 the reference scores, mask and softmax; 12.7 also the reference
-`scaled_dot_product_attention`, `split_heads` and `merge_heads`."""
+"""Probes of module 12 (attention): see tito/probes/__init__.py. Replayed (one bug charged once): 12.4 the
+reference's recorded outcomes of `MaskedSoftmax.forward`; 12.5 of the mask and the softmax (the scores join the
+autograd graph: the student's own `attention_scores` runs); 12.7 also of `scaled_dot_product_attention`,
+`split_heads` and `merge_heads` where their results can be given back."""
 import numpy as np
 
 from . import probe

@@ -1,7 +1,7 @@
-"""Probes of module 13 (transformers): see tito/probes/__init__.py. Substitutes (one bug charged once): 13.2
-runs the reference LayerNormFunction.forward; 13.3 the reference LayerNormFunction; 13.5 also the reference
-TransformerBlock.forward; 13.6 also the reference GPT.forward and sample_next. 13.4 (sampling) is checked
-statistically here, in the trusted process."""
+"""Probes of module 13 (transformers): see tito/probes/__init__.py. Replayed (one bug charged once): 13.2 the
+reference's recorded outcomes of `LayerNormFunction.forward`; 13.3 of `LayerNormFunction`; 13.5 also of
+`TransformerBlock.forward`; 13.6 also of `GPT.forward` and `sample_next` (where their results can be given back).
+13.4 (sampling) is checked statistically in the trusted process."""
 import numpy as np
 
 from . import probe
