@@ -482,9 +482,9 @@ def _exception(kind: str, message: str, module) -> BaseException:
         return type(kind, (Exception,), {})(message)
 
 
-def apply_answer(answer: dict, args: tuple, kwargs: dict, module, cwd: str):
+def apply_answer(answer: dict, args: tuple, kwargs: dict, module, cwd: str) -> "Replayed":
     """Give back a recorded outcome: the arguments' recorded changes, the files written, then the result (or
-    the exception). Every object the outcome refers to is found before anything is changed."""
+    the exception to raise). Every object the outcome refers to is found before anything is changed."""
     paths: list = []
     _refs(answer, paths)
     resolved = {}
@@ -502,11 +502,16 @@ def apply_answer(answer: dict, args: tuple, kwargs: dict, module, cwd: str):
     for o, state in targets:
         d.patch(o, state)
     if "raised" in answer:
-        raise _exception(*answer["raised"], module)
+        return Replayed(raised=_exception(*answer["raised"], module))
     result = d.dec(answer["result"])
-    if answer.get("gen"):
-        return (x for x in result)
-    return result
+    return Replayed((x for x in result) if answer.get("gen") else result)
+
+
+class Replayed:
+    """A recorded outcome given back: the value to return, or the exception to raise."""
+
+    def __init__(self, value=None, raised: BaseException | None = None):
+        self.value, self.raised = value, raised
 
 
 # ------------------------------------------------------------------ putting wrappers in place
@@ -658,7 +663,8 @@ def run(chan: Channel) -> int:
         if p is None:
             outcome = {"kind": "raised", "type": "LookupError", "message": f"no probe for {ex}"}
         elif import_error is None:
-            state = {"closed": set()}  # names whose table closed (a miss): the student's own code runs for them
+            # names whose table closed (a miss): the student's own code runs for them; answers already given, by call
+            state = {"closed": set(), "given": {}}
 
             def call(name, fn, is_gen, _ex=ex, _state=state, _calls=calls):
                 @functools.wraps(fn)
@@ -681,15 +687,23 @@ def run(chan: Channel) -> int:
                         key = key_json([list(args), kwargs])
                     except (NoKey, RecursionError):
                         return fn(*args, **kwargs)
-                    chan.send({"t": "call", "ex": _ex, "name": name, "key": key})
-                    reply = chan.receive()
+                    text = json.dumps([name, key])
+                    reply = _state["given"].get(text)
+                    if reply is None:
+                        chan.send({"t": "call", "ex": _ex, "name": name, "key": key})
+                        reply = chan.receive()
+                        if reply.get("t") in ("hit", "own") and len(text) < 100_000:
+                            _state["given"][text] = reply
                     if reply.get("t") == "hit":
                         try:
-                            return apply_answer(reply["answer"], args, kwargs, module, cwd)
+                            given = apply_answer(reply["answer"], args, kwargs, module, cwd)
                         except (Unreplayable, LookupError, AttributeError, TypeError, ValueError, ImportError) as e:
                             _state["closed"].add(name)
                             chan.send({"t": "broken", "ex": _ex, "name": name, "why": f"{type(e).__name__}: {e}"[:200]})
                             return fn(*args, **kwargs)
+                        if given.raised is not None:
+                            raise given.raised
+                        return given.value
                     if reply.get("t") != "own":
                         _state["closed"].add(name)
                     return fn(*args, **kwargs)
