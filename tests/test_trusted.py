@@ -639,3 +639,14 @@ def test_inline_failure_without_a_message_is_described():
     log: list[str] = []
     apply_verdicts(nb, {"1.1": ""}, log)
     assert "AssertionError: )" not in log[0] and "an AssertionError without a message at `2 assert f(1) == 2`" in log[0]
+
+
+@pytest.mark.slow
+def test_a_dependency_whose_outcome_cannot_be_replayed_is_named_when_it_failed():
+    """12.5 calls 12.1's `attention_scores`, whose result joins the autograd graph and so cannot be given back as
+    data: the student's own code runs it, and with 12.1 wrong the verdict of 12.5 names 12.1 as the cause."""
+    m = Mutation("12", ATT, "attention_scores", "(1.0 / math.sqrt(q.shape[-1]))", "(1.0 / q.shape[-1])",
+                 "scaled by 1/d", "12.1")
+    got = verdicts("12", mutated(m), ["12.1", "12.5"])
+    assert got["12.1"]
+    assert got["12.5"].startswith("not checked on its own: it uses 12.1 (attention_scores), which failed"), got

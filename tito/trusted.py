@@ -31,7 +31,6 @@ and the CSV all read one verdict.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import math
@@ -629,6 +628,3 @@ def trusted_summary(verdicts: dict[str, str]) -> list[str]:
     return [f"  Exercise {ex}: {'passed' if not why else 'FAILED: ' + why}" for ex, why in sorted(
         verdicts.items(), key=lambda kv: P.exercise_key(kv[0]))]
 
-
-def b64_files(files: dict[str, bytes]) -> dict[str, str]:
-    return {k: base64.b64encode(v).decode() for k, v in files.items()}

@@ -44,7 +44,6 @@ import ast
 import base64
 import importlib
 import inspect
-import json
 import math
 import re
 from dataclasses import dataclass
