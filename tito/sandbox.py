@@ -94,8 +94,9 @@ _ETC = ("ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "hosts", "pas
 
 
 def _free_uids(n: int) -> list[int]:
-    """`n` unused user ids for this process, leased so that no other tito run on the machine gets them."""
-    return UidLease.acquire(n).uids
+    """`n` unused user ids for this process, leased so that no other tito process on the machine gets them while
+    it lives (one run per process: the sandboxes a process makes one after another share its lease)."""
+    return UidLease.for_process(n).uids[:n]
 
 
 def _registry() -> Path:
@@ -121,6 +122,17 @@ class UidLease:
     uids: list[int]
 
     _held: ClassVar[list] = []
+    _process: ClassVar[list] = []  # the lease this process's sandboxes share (for_process)
+
+    @classmethod
+    def for_process(cls, n: int) -> "UidLease":
+        """This process's lease, grown to at least `n` ids (released when the process ends)."""
+        if cls._process and len(cls._process[0].uids) >= n:
+            return cls._process[0]
+        if cls._process:
+            cls._process.pop().release()
+        cls._process.append(cls.acquire(n))
+        return cls._process[0]
 
     @classmethod
     def acquire(cls, n: int) -> "UidLease":
@@ -402,21 +414,8 @@ class Sandbox:
         writable folder on sys.path, no PYTHONPATH; the working directory is `chdir` (inside the sandbox; by
         default the read-only code tree, which the student cannot write)."""
         root = self.code_mount()
-        cmd = [sys.executable, "-I", "-c", BOOT, root, module]
-        if self.mode == "none":
-            return cmd
-        drop = []
-        if self.drops_user:
-            uid = self._uid(slot)
-            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                    "--bounding-set=-all", "--"]
-        if self.mode == "namespace":
-            uid = self._uid(slot) if self.drops_user else os.getuid()
-            return ["unshare", "--mount", "--pid", *([] if self.network else ["--net"]), "--fork", "--kill-child",
-                    "--mount-proc", "--propagation", "private", "--", "/bin/sh", "-c", _NS_SCRIPT_CD,
-                    "tinytorch-sandbox", str(uid), str(uid), str(self.tmp_bytes), "1" if self.private_tmp else "0",
-                    chdir or root, *[str(p) for p in self.hidden], "--", *cmd]
-        return [*self.bwrap_args(chdir=chdir or root), "--", *drop, *cmd]
+        return self._inside([sys.executable, "-I", "-c", BOOT, root, module], slot, chdir=chdir or root,
+                            ns_workdir=chdir or root)
 
     def code_mount(self) -> str:
         """Where the code tree is inside the sandbox."""
@@ -425,12 +424,9 @@ class Sandbox:
         return CODE_MOUNT if self.mode == "bwrap" else str(self.code_root)
 
     def close(self) -> None:
-        """Hand back this run's user ids and cgroups."""
+        """Remove this run's cgroups (its user ids stay leased to the process until it ends)."""
         if self.cgroups is not None:
             self.cgroups.close()
-        for lease in list(UidLease._held):
-            if lease.uids == self.uids:
-                lease.release()
 
     @property
     def drops_user(self) -> bool:
@@ -461,9 +457,13 @@ class Sandbox:
         """The command line that starts `python -m worker_module` in this sandbox. bwrap only: `ro` and `rw`
         are host paths bound read-only / writable at the same path (or (host path, path inside) pairs),
         `chdir` the working directory."""
-        worker = [python, "-m", worker_module]
+        return self._inside([python, "-m", worker_module], slot, ro, rw, chdir)
+
+    def _inside(self, cmd: list[str], slot: int, ro: tuple = (), rw: tuple = (), chdir: str | None = None,
+                ns_workdir: str | None = None) -> list[str]:
+        """`cmd` wrapped to run in this sandbox as the user id of `slot` (namespace mode: in `ns_workdir`)."""
         if self.mode == "none":
-            return worker
+            return cmd
         drop = []
         if self.drops_user:
             uid = self._uid(slot)
@@ -471,11 +471,12 @@ class Sandbox:
                     "--bounding-set=-all", "--"]
         if self.mode == "namespace":
             uid = self._uid(slot) if self.drops_user else os.getuid()
-            return ["unshare", "--mount", "--pid", *([] if self.network else ["--net"]), "--fork", "--kill-child", "--mount-proc", "--propagation",
-                    "private", "--", "/bin/sh", "-c", _NS_SCRIPT, "tinytorch-sandbox", str(uid), str(uid),
-                    str(self.tmp_bytes), "1" if self.private_tmp else "0", *[str(p) for p in self.hidden],
-                    "--", *worker]
-        return [*self.bwrap_args(ro, rw, chdir), "--", *drop, *worker]
+            script, workdir = (_NS_SCRIPT_CD, [ns_workdir]) if ns_workdir else (_NS_SCRIPT, [])
+            return ["unshare", "--mount", "--pid", *([] if self.network else ["--net"]), "--fork", "--kill-child",
+                    "--mount-proc", "--propagation", "private", "--", "/bin/sh", "-c", script, "tinytorch-sandbox",
+                    str(uid), str(uid), str(self.tmp_bytes), "1" if self.private_tmp else "0", *workdir,
+                    *[str(p) for p in self.hidden], "--", *cmd]
+        return [*self.bwrap_args(ro, rw, chdir), "--", *drop, *cmd]
 
     def bwrap_args(self, ro: tuple = (), rw: tuple = (), chdir: str | None = None) -> list[str]:
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",

@@ -54,6 +54,7 @@ from . import probes as P
 from .course import CourseError, Module
 from .notebooks import ANSI_RE, exercise_label, is_test_cell
 from .notebooks import read as read_notebook
+from .sandbox import BOOT  # python -I -c BOOT CODE_ROOT MODULE: nothing else of tito on sys.path, never the course
 
 CHECK_ERROR = "AutograderCheck"  # ename of the error output a failed trusted check adds to its cell
 NOTE_PREFIX = "[autograder] "
@@ -61,9 +62,6 @@ TITO_DIR = Path(__file__).resolve().parent
 MAX_LINE = 64 << 20  # one message of a probe process (a record with its arrays, as base64)
 REPLAY_RTOL, REPLAY_ATOL = 1e-5, 1e-6  # a replayed call matches a recorded one within these
 MAX_ORACLE_CALLS = 200_000  # per exercise
-# the code a grading sandbox gets: python -I -c BOOT CODE_ROOT MODULE (nothing else of tito, never the course)
-BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); import runpy; "
-        "runpy.run_module(sys.argv[2], run_name='__main__', alter_sys=True)")
 WORKER_FILES = ("__init__.py", "grade_worker.py", "notebooks.py", "failures.py", "course.py", "progress.py", "proc.py")
 PROBE_FILES = ("__init__.py", "probe_run.py")
 
