@@ -61,7 +61,7 @@ from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_tes
 from .progress import atomic_write_text
 
 STUDENT_ID_RE = re.compile(r"^[^\W][\w.\-]*$")  # letters of any script, digits, '.', '_', '-'; see safe_student_id
-ENGINE_VERSION = "3"  # part of every fingerprint: bump to re-grade everything after an engine change
+ENGINE_VERSION = "4"  # part of every fingerprint: bump to re-grade everything after an engine change
 
 GRADED, REVIEW, FAILED, TIMED_OUT, KERNEL_DIED = "graded", "needs review", "failed", "timed out", "kernel died"
 ATTENTION = (REVIEW, FAILED, TIMED_OUT, KERNEL_DIED)
