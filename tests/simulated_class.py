@@ -183,7 +183,7 @@ KINDS: dict[str, tuple[Callable, Expect]] = {
     "points": (changed_points, Expect("needs review", "max", "metadata changed")),
     "solmeta": (solution_metadata, Expect("needs review", "max", "graded from its code")),
     # a cell past its limit stops the run, as in `tito test`: the later cells are not run
-    "loop": (infinite_loop, Expect("timed out", "first", "the run stopped there")),
+    "loop": (infinite_loop, Expect("timed out", "first", "(after Exercise")),  # the cell named by the exercise it follows
     "stubborn": (stubborn_loop, Expect("timed out", "first", "the run stopped there")),
     "bigalloc": (big_allocation, Expect("graded", "max", "MemoryError")),
     "exits": (exits, Expect("kernel died", "first", "kernel died")),

@@ -10,21 +10,23 @@
 """
 from __future__ import annotations
 
-import base64
 import os
 import re
-import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.support.mutation import MUTATIONS, Mutation, apply_mutation
 from tito import notebooks as nbs
 from tito import probes as P
 from tito.course import Settings, load_modules
-from tito.trusted import Plan, exported_sources
+from tito.grading import package_files
+from tito.trusted import BOOT, Checked, Plan, code_tree, exported_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
@@ -50,22 +52,38 @@ class Exported(str):
     files: dict = {}
 
 
+def run_local(number: str, text: str, exercises=None) -> Checked:
+    """The trusted checks of `text` as module `number`'s exported code, the probe process started as grading starts
+    it (isolated mode, from the code tree with the stripped probe file, the job as data) but without a sandbox:
+    this checks the probes and the replay, not the isolation."""
+    p = plan(number)
+    files = package_files(ROOT, MODULES[number])
+    mine = getattr(text, "files", None) or {p.package_rel: text}
+    job = {**p.base(), "mode": "replay", "files": {**files, **{rel: P.b64(body.encode()) for rel, body in mine.items()}}}
+    with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
+        code = code_tree(Path(tmp) / "code", number)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
+        env.update(OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+
+        def spawn():
+            work = tempfile.mkdtemp(dir=tmp)
+            return subprocess.Popen([sys.executable, "-I", "-c", BOOT, str(code), "tito.probe_run"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env=env, cwd=work, start_new_session=True)
+        return p.run(job, spawn, kill_group, exercises)
+
+
 def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
     """The trusted verdicts on `text` as module `number`'s exported code (all exercises, or `exercises`)."""
-    p = plan(number)
-    groups = [{"exercises": [e for e in g["exercises"] if exercises is None or e in exercises], "sources": g["sources"]}
-              for g in p.groups]
-    groups = [g for g in groups if g["exercises"]]
-    with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
-        pkg = Path(tmp) / "pkg"
-        shutil.copytree(ROOT / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__"))
-        for rel, body in (getattr(text, "files", None) or {p.package_rel: text}).items():
-            (pkg / rel).write_text(body, encoding="utf-8")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg), str(ROOT)]), OPENBLAS_NUM_THREADS="1",
-                   PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
-        raw = P.run_groups(p.base(), groups, sys.executable, env, Path(tmp) / "work", 600)
-    out = p.verdicts(raw)
-    return {e: w for e, w in out.items() if exercises is None or e in exercises}
+    return run_local(number, text, exercises).verdicts
+
+
+def kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
 
 
 def exported(nb) -> str:
@@ -111,14 +129,49 @@ def test_every_graded_exercise_has_a_probe():
     assert not unknown, "probes of exercises that are not graded cells: " + ", ".join(unknown)
 
 
-def test_probe_substitutes_name_existing_definitions():
+def test_replayed_names_exist_and_belong_to_an_earlier_exercise():
+    import ast
+
     for number, module in MODULES.items():
         p = P.module_probes(number)
         if not p:
             continue
-        text = exported(nbs.read(module.notebook))
+        tree = ast.parse(exported(nbs.read(module.notebook)))
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {f"{c.name}.{n.name}" for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        labels = {P.exercise_of(nbs.exercise_label(c)): nbs.exercise_label(c) for c in nbs.read(module.notebook).cells
+                  if nbs.is_test_cell(c)}
+        owners = P.replayed_exercises(number, labels)
         for probe in p.values():
-            P.reference_sources(text, probe.uses)  # LookupError names a missing one
+            for name in probe.replay:
+                assert name in defined, f"{module.slug}: Exercise {probe.exercise} replays {name}, which is not defined"
+                assert owners[name], f"{module.slug}: no exercise's label names {name} (replayed by {probe.exercise})"
+                assert P.exercise_key(owners[name]) < P.exercise_key(probe.exercise) or \
+                    owners[name] != probe.exercise, (probe.exercise, name, owners[name])
+
+
+def test_no_probe_substitutes_source_and_sandbox_copies_hold_no_checks():
+    """Issue 28: `uses=` (the reference's source put into the student's module) is gone; the copy of a probe file the
+    sandbox gets has none of its check functions, and registers the same probes."""
+    for number in MODULES:
+        if not P.module_probes(number):
+            continue
+        text = P.probe_file(number).read_text()
+        assert not re.search(r"\buses\s*=", text), f"m{number}.py still uses source substitution (uses=)"
+        copy = P.sandbox_source(number)
+        for p in P.module_probes(number).values():
+            if p.check is not None:
+                assert f"def {p.check.__name__}(" not in copy, (number, p.check.__name__)
+        with tempfile.TemporaryDirectory() as tmp:
+            code = code_tree(Path(tmp), number)
+            probe = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                    "from tito import probes as P; print(sorted(P.module_probes(sys.argv[2])))",
+                                    str(code), number], capture_output=True, text=True)
+            assert probe.stdout.strip() == repr(sorted(P.module_probes(number))), probe.stderr
+            assert not (code / "tito" / "trusted.py").exists() and not (code / "tito" / "grading.py").exists()
+    with pytest.raises(TypeError, match="replay="):
+        P.probe("99.1", uses=("x",))
 
 
 # ------------------------------------------------------------------ every module: solution passes, stubs fail
@@ -683,3 +736,129 @@ def test_trusted_grade_catches_the_mutation_catalogue():
     share = len(caught) / len(CATALOGUE)
     print("\n".join(["caught:", *caught, "missed:", *missed, f"{len(caught)}/{len(CATALOGUE)} = {share:.0%}"]))
     assert share >= 0.9, f"the trusted grade catches only {share:.0%} of the catalogue; missed: {missed}"
+
+
+# ------------------------------------------------------------------ verdicts, statuses and the oracle (no notebook)
+
+
+def _fake_plan(check=None, exercises=("99.1", "99.2"), replay=()):
+    """A plan for a made-up module 99 whose reference recorded {'x': 1.0} for each exercise."""
+    from types import SimpleNamespace
+
+    P.REGISTRY["99"] = {ex: P.Probe(ex, "99", lambda rng, rec: None, tuple(replay), check=check) for ex in exercises}
+    return Plan(SimpleNamespace(number="99", slug="99_fake"), 1, "tinytorch.fake", "tinytorch/fake.py", list(exercises),
+                reference={ex: ({"x": 1.0}, {"kind": "ok"}) for ex in exercises},
+                owners={"helper": "99.1"}, labels={ex: f"Exercise {ex}: f" for ex in exercises})
+
+
+def test_a_check_that_crashes_on_an_odd_result_scores_that_exercise_zero_and_says_what_came_back():
+    def fragile(got, want):
+        return "" if got["x"].a.sum() > 0 else "bad"  # assumes an array: the student's code returned a Raised
+    plan = _fake_plan(check=fragile)
+    try:
+        raw = {"99.1": {"values": {"x": P.Raised("ValueError", "boom")}, "outcome": {"kind": "ok"}},
+               "99.2": {"values": {"x": P.Arr(np.ones(2), "ndarray")}, "outcome": {"kind": "ok"}}}
+        out = plan.verdicts(raw).verdicts
+    finally:
+        P.REGISTRY.pop("99", None)
+    assert out["99.2"] == ""
+    assert "the checker could not read what your code returned" in out["99.1"] and "'ValueError' raised" in out["99.1"]
+
+
+def test_verdict_text_is_the_graders_and_the_students_words_are_quoted():
+    plan = _fake_plan()
+    try:
+        forged = "passed: full points\nAutograderCheck: Exercise 99.1 passed " + "x" * 1000
+        raw = {"99.1": {"values": {}, "outcome": {"kind": "raised", "type": "AutograderCheck", "message": forged}},
+               "99.2": {"values": {"x": "passed"}, "outcome": {"kind": "ok"}}}
+        out = plan.verdicts(raw).verdicts
+    finally:
+        P.REGISTRY.pop("99", None)
+    assert out["99.1"].startswith("the check could not use your code: it raised 'AutograderCheck': 'passed: full points")
+    assert "\n" not in out["99.1"] and len(out["99.1"]) < 400, out["99.1"]
+    assert out["99.2"].startswith("case 'x' (your code called on the checker's own inputs): your code gave 'passed'")
+
+
+def test_a_dependency_that_failed_is_named_in_the_verdict():
+    from tito.trusted import Replayed
+
+    plan = _fake_plan(replay=("helper",))
+    try:
+        raw = {"99.1": {"values": {"x": 2.0}, "outcome": {"kind": "ok"}},
+               "99.2": {"values": {"x": 3.0}, "outcome": {"kind": "ok"}}}
+        out = plan.verdicts(raw, {"99.2": Replayed(missed=["helper"])}).verdicts
+    finally:
+        P.REGISTRY.pop("99", None)
+    assert out["99.2"].startswith("not checked on its own: it uses 99.1 (helper), which failed"), out["99.2"]
+
+
+def test_oracle_answers_only_recorded_calls_of_the_running_exercise_and_closes_a_name_at_its_first_miss():
+    from tito.trusted import Oracle, Table
+
+    plan = _fake_plan(replay=("helper", "other"))
+    key = lambda v: [[{"__array__": P.array_json(np.array([v], np.float32))["__array__"], "kind": "ndarray"}], {}]  # noqa: E731
+    answer = {"post": [], "files": {}, "gen": False, "result": 42}
+    plan.tables = {"99.2": Table.of([{"name": "helper", "key": key(1.0), "answer": answer},
+                                     {"name": "other", "key": key(5.0), "answer": answer}])}
+    try:
+        o = Oracle(plan)
+        o.begin("99.2")
+        assert o.answer("99.2", {"ex": "99.2", "name": "helper", "key": key(1.0 + 1e-7)})["t"] == "hit"  # within tolerance
+        assert o.answer("99.2", {"ex": "99.1", "name": "helper", "key": key(1.0)})["t"] == "miss"  # not the running one
+        assert o.answer("99.2", {"ex": "99.2", "name": "helper", "key": key(2.0)})["t"] == "miss"  # a guess...
+        assert o.answer("99.2", {"ex": "99.2", "name": "helper", "key": key(1.0)})["t"] == "miss"  # ...closes the name
+        assert o.answer("99.2", {"ex": "99.2", "name": "other", "key": key(5.0)})["t"] == "hit"  # others stay open
+        assert o.answer("99.2", {"ex": "99.2", "name": "unlisted", "key": key(5.0)})["t"] == "miss"
+        assert o.stats["99.2"].missed == ["helper", "unlisted"] or o.stats["99.2"].missed[0] == "helper"
+        o.begin("99.1")
+        assert o.answer("99.1", {"ex": "99.1", "name": "other", "key": key(5.0)})["t"] == "miss"  # 99.1 has no table
+    finally:
+        P.REGISTRY.pop("99", None)
+
+
+def test_a_probe_process_that_hangs_is_stopped_at_its_limit_on_the_clock_given():
+    """run_probe_job's limits read the clock it is given: a process that never answers ends in simulated seconds."""
+    from tito.trusted import run_probe_job
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 5.0
+        return now[0]
+
+    def spawn():
+        return subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.readline(); "
+                                 "print('{\"t\": \"ready\"}', flush=True); time.sleep(60)"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    raw = run_probe_job(spawn, kill_group, {"module": "99"}, ["99.1", "99.2"], exercise_s=30, budget_s=45,
+                        start_s=20, clock=clock)
+    assert raw["99.1"]["failure"].startswith("running your code for this exercise did not finish within 30 s"), raw
+    assert raw["99.2"]["failure"].endswith("the checks of all exercises ran out of their 45 s"), raw
+
+
+def test_inline_failure_without_a_message_is_described():
+    import nbformat
+
+    from tito.trusted import apply_verdicts
+
+    cell = nbformat.v4.new_code_cell("# Exercise 1.1: f\nassert f(1) == 2")
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1, "locked": True,
+                                 "schema_version": 3}
+    cell.outputs = [nbformat.v4.new_output("error", ename="AssertionError", evalue="",
+                                           traceback=["----> 2 assert f(1) == 2", "AssertionError: "])]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    log: list[str] = []
+    apply_verdicts(nb, {"1.1": ""}, log)
+    assert "AssertionError: )" not in log[0] and "an AssertionError without a message at `2 assert f(1) == 2`" in log[0]
+
+
+@pytest.mark.slow
+def test_a_dependency_whose_outcome_cannot_be_replayed_is_named_when_it_failed():
+    """12.5 calls 12.1's `attention_scores`, whose result joins the autograd graph and so cannot be given back as
+    data: the student's own code runs it, and with 12.1 wrong the verdict of 12.5 names 12.1 as the cause."""
+    m = Mutation("12", ATT, "attention_scores", "(1.0 / math.sqrt(q.shape[-1]))", "(1.0 / q.shape[-1])",
+                 "scaled by 1/d", "12.1")
+    got = verdicts("12", mutated(m), ["12.1", "12.5"])
+    assert got["12.1"]
+    assert got["12.5"].startswith("not checked on its own: it uses 12.1 (attention_scores), which failed"), got

@@ -1,18 +1,24 @@
-"""One submission, executed in its own process: `python -m tito.grade_worker` (started by tito.grading).
+"""One submission's notebook, executed in its own process: `python -I` running `tito.grade_worker` (tito.grading).
 
 The job arrives as JSON on stdin (so nothing of it needs to be readable on disk by the sandbox user):
 
-    {"notebook": <the sanitized notebook, nbformat JSON>, "files": {"tinytorch/core/tensor.py": <base64>},
-     "workdir": "/tmp/...", "deadline_s": 120, "cell_timeout_s": 60}
+    {"notebook": <the sanitized notebook, hidden tests removed>, "files": {"tinytorch/core/tensor.py": <base64>},
+     "workdir": "/tmp/...", "deadline_s": 120, "cell_timeout_s": 60, "output_limit": 100000,
+     "notebook_output_limit": 2000000}
 
 The worker writes the package files under WORKDIR/pkg (first on the kernel's PYTHONPATH), runs the
-notebook cell by cell in a fresh kernel whose working directory and HOME are WORKDIR, and writes
+notebook cell by cell in a fresh kernel whose working directory and HOME are under WORKDIR, and writes
 one JSON object to stdout: {"notebook": <executed>, "status": "ok" | "timed out" | "kernel died" |
-"error", "reason": "...", "probes": {...}}.
+"error", "reason": "..."}. It holds no reference code, expected value or hidden test: the trusted checks
+run elsewhere (tito.trusted), in a fresh process that never ran the notebook.
 
-With a `probe` job (tito.trusted.Plan.job: the student's exported module, the seed, the exercise
-groups), it then runs the trusted checks' probes over that module in fresh processes of the same
-sandbox and returns their records (data only) under "probes"; tito checks them against the reference.
+It runs in Python's isolated mode from a read-only copy of the tito code it needs, with a working
+directory the student cannot write, and imports everything it uses before the kernel starts: a module
+a notebook cell writes somewhere is never imported here.
+
+Output is capped on what the kernel sends, message by message (`CappedClient`): every stream, display,
+display update (also one arriving after its cell ran), error and their metadata count against the
+cell's and the notebook's limits; what is over them is dropped and one note says how much.
 
 Every graded cell ends up with an outcome nbgrader can score: a cell that was never run (the
 notebook ran out of time, the kernel died) gets an error output saying so, because nbgrader gives
@@ -23,10 +29,19 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import nbformat
+from nbclient.exceptions import DeadKernelError
+
+from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell
+
+MAX_ERRORS_PER_CELL = 2  # error outputs kept per cell (the first one carries a visible test's message)
+ERROR_CHARS = 4000  # characters of one kept error output
 
 
 def _set_parent_death_signal() -> None:
@@ -34,7 +49,6 @@ def _set_parent_death_signal() -> None:
     if not sys.platform.startswith("linux"):
         return
     import ctypes
-    import signal
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -45,55 +59,102 @@ def _set_parent_death_signal() -> None:
 
 
 def _error_output(ename: str, evalue: str):
-    import nbformat
-
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
 
-def _output_size(out) -> int:
-    if out.get("output_type") == "stream":
-        return len(out.get("text", ""))
-    if out.get("output_type") == "error":
-        return sum(len(t) for t in out.get("traceback", [])) + len(out.get("evalue", ""))
-    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in out.get("data", {}).values())
+def _size(content) -> int:
+    """Characters a kernel message's content takes in the notebook (its data, text and metadata)."""
+    try:
+        return len(json.dumps(content, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return 1 << 30
 
 
-def cap_outputs(cell, cell_limit: int, budget: int) -> int:
-    """Keep at most `cell_limit` characters of a cell's output (and at most `budget`, what the notebook has
-    left); a note in the output says what was cut. Returns the characters kept."""
-    import nbformat
+def _shorten_error(content: dict) -> dict:
+    tb = [str(t)[:ERROR_CHARS] for t in list(content.get("traceback") or [])[-20:]]
+    while tb and sum(len(t) for t in tb) > ERROR_CHARS:
+        tb.pop(0)
+    return {**content, "ename": str(content.get("ename", ""))[:200], "evalue": str(content.get("evalue", ""))[:ERROR_CHARS],
+            "traceback": tb}
 
-    limit = min(cell_limit, max(budget, 0))
-    kept, out, cut = 0, [], 0
-    for o in cell.get("outputs", []):
-        if o.get("output_type") == "error":  # the verdict: always kept, shortened when huge
-            o["traceback"] = [t[:2000] for t in o.get("traceback", [])[-20:]]
-            o["evalue"] = o.get("evalue", "")[:2000]
-        size = _output_size(o)
-        if kept + size <= limit or o.get("output_type") == "error":
-            out.append(o)
-            kept += size
-        elif o.get("output_type") == "stream" and kept < limit:
-            room = limit - kept
-            cut += size - room
-            o["text"] = o["text"][:room]
-            out.append(o)
-            kept = limit
-        else:
-            cut += size
-    if cut:
-        why = (f"{cell_limit:,} characters per cell" if limit == cell_limit
+
+def capped_client(base):
+    """`base` (an nbclient NotebookClient class) with output limits enforced on every message the kernel sends."""
+
+    class CappedClient(base):
+        def init_caps(self, cell_limit: int, notebook_limit: int) -> None:
+            self.cell_limit, self.left = cell_limit, notebook_limit
+            self.kept: dict[int, int] = {}  # cell index -> characters kept (never decreases: clearing does not refill)
+            self.errors: dict[int, int] = {}
+            self.cut: dict[int, int] = {}
+            self.owner: dict[str, int] = {}  # display_id -> the cell that showed it
+
+        def _room(self, cell_index: int, size: int) -> bool:
+            if self.kept.get(cell_index, 0) + size > self.cell_limit or size > self.left:
+                self.cut[cell_index] = self.cut.get(cell_index, 0) + size
+                return False
+            self.kept[cell_index] = self.kept.get(cell_index, 0) + size
+            self.left -= size
+            return True
+
+        def process_message(self, msg, cell, cell_index):
+            kind = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
+            content = msg.get("content") or {}
+            if kind in ("stream", "display_data", "execute_result", "update_display_data", "error"):
+                transient = content.get("transient") or {}
+                display_id = transient.get("display_id") if isinstance(transient, dict) else None
+                owner = self.owner.get(display_id, cell_index) if display_id else cell_index
+                if kind == "error":
+                    n = self.errors.get(cell_index, 0)
+                    self.errors[cell_index] = n + 1
+                    if n >= MAX_ERRORS_PER_CELL:
+                        self.cut[cell_index] = self.cut.get(cell_index, 0) + _size(content)
+                        return None
+                    msg = {**msg, "content": _shorten_error(content)}
+                    size = _size(msg["content"])  # a verdict: kept even past the limit (it is short now)
+                    self.kept[cell_index] = self.kept.get(cell_index, 0) + size
+                    self.left -= size
+                elif not self._room(owner, _size(content)):
+                    return None
+                if display_id and kind != "update_display_data":
+                    self.owner.setdefault(display_id, cell_index)
+            elif kind.startswith("comm"):
+                return None  # widget state is not kept: nothing of it reaches the notebook
+            return super().process_message(msg, cell, cell_index)
+
+    return CappedClient
+
+
+def note_cuts(nb, client, cell_limit: int) -> None:
+    """One note per cell whose output was cut: how much, and which limit."""
+    for i, cut in sorted(client.cut.items()):
+        cell = nb.cells[i]
+        why = (f"{cell_limit:,} characters per cell" if client.kept.get(i, 0) + cut > cell_limit
                else "the notebook's output limit; later cells' output is not kept either")
-        out.append(nbformat.v4.new_output("stream", name="stdout", text=(
+        cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
             f"\n[autograder: {cut:,} characters of output were cut here: output is capped at {why}]\n")))
-        cell.outputs = out
-    return kept
+
+
+def _where(nb, i: int) -> str:
+    """A cell named for a person: the exercise and function of a test cell, else its number and the exercise
+    it follows (with the functions a solution cell defines)."""
+    cell = nb.cells[i]
+    if is_test_cell(cell):
+        return f"{exercise_label(cell)} (cell {i + 1})"
+    import re
+
+    defs = re.findall(r"^\s*(?:def|class)\s+(\w+)", cell.source, re.M)
+    before = next((exercise_label(c) for c in reversed(nb.cells[:i]) if c.cell_type == "code" and is_test_cell(c)), "")
+    after = next((exercise_label(c) for c in nb.cells[i + 1:] if c.cell_type == "code" and is_test_cell(c)), "")
+    what = f"cell {i + 1}" + (f", which defines {', '.join(defs[:3])}" if defs else "")
+    if after and defs:
+        return f"{what} (for {after})"
+    if before:
+        return f"{what} (after {before})"
+    return f"{what} (before {after})" if after else what
 
 
 def run(job: dict) -> dict:
-    import nbformat
-    from nbclient.exceptions import DeadKernelError
-
     start = time.monotonic()
     deadline = start + float(job["deadline_s"])
     cell_timeout = float(job["cell_timeout_s"])
@@ -120,7 +181,6 @@ def run(job: dict) -> dict:
 
     status, reason = "ok", ""
     cell_limit = int(job.get("output_limit", 100_000))
-    budget = [int(job.get("notebook_output_limit", 2_000_000))]
     executed: set[int] = set()
     stopped: set[int] = set()  # cells stopped at their time limit
 
@@ -131,19 +191,17 @@ def run(job: dict) -> dict:
                 o.get("output_type") == "error" and o.get("ename") == "KeyboardInterrupt" for o in cell.outputs):
             stopped.add(cell_index)
         if content.get("status") == "error" and not any(o.get("output_type") == "error" for o in cell.outputs):
-            cell.outputs.append(_error_output(content.get("ename", "Error"), content.get("evalue", "")))
-        budget[0] -= cap_outputs(cell, cell_limit, budget[0])
-
-    from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell
+            cell.outputs.append(_error_output(str(content.get("ename", "Error"))[:200], str(content.get("evalue", ""))[:2000]))
 
     # the executor and timeout policy of `tito test` (tito.notebooks), so both score a slow cell alike
-    client = client_class(TIMEOUT_POLICY)(
+    client = capped_client(client_class(TIMEOUT_POLICY))(
         nb, timeout=int(cell_timeout), kernel_name="python3", allow_errors=True, raise_on_iopub_timeout=False,
         error_on_timeout={"ename": "TimeoutError", "evalue": "the cell ran past its time limit and was stopped",
                           "traceback": ["TimeoutError: the cell ran past its time limit"]},
-        resources={"metadata": {"path": str(run_dir)}}, on_cell_executed=on_executed,
+        resources={"metadata": {"path": str(run_dir)}}, on_cell_executed=on_executed, store_widget_state=False,
         extra_arguments=["--HistoryManager.hist_file=:memory:"],
         shutdown_kernel="immediate")  # the results are in hand: no graceful wait
+    client.init_caps(cell_limit, int(job.get("notebook_output_limit", 2_000_000)))
     stopped_at = ""
     try:
         with client.setup_kernel(env=env, cwd=str(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
@@ -160,51 +218,29 @@ def run(job: dict) -> dict:
                     client.execute_cell(cell, i)
                 except CellTimedOut:
                     executed.add(i)
-                    label = exercise_label(cell) if is_test_cell(cell) else f"cell {i + 1}"
+                    where = _where(nb, i)
                     limit = ("the notebook's limit" if client.timeout < cell_timeout
                              else f"{client.timeout} s, the per-cell limit")
-                    cell.outputs.append(_error_output("TimeoutError", f"{label} did not finish within {limit}: "
+                    cell.outputs.append(_error_output("TimeoutError", f"{where} did not finish within {limit}: "
                                                                       "stopped; the cells after it were not run"))
-                    status, reason = "timed out", f"{label} (cell {i + 1}) did not finish within {limit}; " \
-                                                  "the run stopped there"
-                    stopped_at = label
+                    status, reason = "timed out", f"{where} did not finish within {limit}; the run stopped there"
+                    stopped_at = where
                     break
                 if i in stopped and not reason:
-                    status, reason = "timed out", f"cell {i + 1} was stopped after {client.timeout} s"
+                    status, reason = "timed out", f"{_where(nb, i)} was stopped after {client.timeout} s"
     except DeadKernelError as e:
         status, reason = "kernel died", f"the kernel died ({e or 'it exited or ran out of memory'})"
     except Exception as e:  # the kernel could not start, or similar: reported, never hidden
         status, reason = "error", f"{type(e).__name__}: {e}"
+    note_cuts(nb, client, cell_limit)
     why = {"ok": "not run", "timed out": (f"not run: the run stopped at {stopped_at}, which did not finish; fix it first"
                                           if stopped_at else "not run: the notebook ran out of time"),
            "kernel died": "not run: the kernel died before this cell", "error": f"not run: {reason}"}[status]
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and cell.source.strip() and i not in executed:
             cell.outputs = [_error_output("NotRun", why)]
-    result = {"notebook": nbformat.writes(nb), "status": status, "reason": reason}
-    if job.get("probe"):
-        result["probes"] = run_probes(job["probe"], work, job.get("files", {}))
-    result["seconds"] = round(time.monotonic() - start, 2)
-    return result
-
-
-def run_probes(probe: dict, work: Path, files: dict) -> dict:
-    """The trusted checks' probes (tito.probes) over the student's exported module, each group in a fresh process
-    of this sandbox: only their records (data) go back; the expected values are never here."""
-    from tito.probes import run_groups
-
-    checked = work / "checked"  # a fresh prerequisite package copy plus the student's exported module
-    for rel, data in [*files.items(), *probe.get("files", {}).items()]:
-        dest = checked / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(base64.b64decode(data))
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")}
-    env.update(HOME=str(work / "home"), MPLBACKEND="Agg", MPLCONFIGDIR=str(work / "home" / ".matplotlib"),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="2",
-               PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPATH=os.pathsep.join([str(checked), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    base = {k: probe[k] for k in ("module", "seed", "package_module")}
-    return run_groups(base, probe["groups"], sys.executable, env, work / "probes", float(probe.get("timeout_s", 60)))
+    return {"notebook": nbformat.writes(nb), "status": status, "reason": reason,
+            "seconds": round(time.monotonic() - start, 2)}
 
 
 def main() -> int:

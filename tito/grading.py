@@ -12,12 +12,19 @@ Course layout (all under `settings.ini` [nbgrader] root, ignored by git):
     nbgrader/grading/NN_name/STUDENT.log          the full story of one submission's grading
     nbgrader/gradebook.db                         the gradebook; nbgrader/grades.csv its export
 
-Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells and
-hidden tests from the gradebook before, save the scores after) and executes each submission in a
-worker process of its own (`tito.grade_worker`), several at a time, each under a wall-clock limit,
-a memory limit and the sandbox of `tito.sandbox`. Before that, every submission is compared with the
-release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back from the
-release, the submission is graded from the student's code, and it is flagged `needs review`.
+Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells from the
+gradebook before, save the scores after) and executes each submission in a worker process of its own
+(`tito.grade_worker`), several at a time, each under a wall-clock limit and the sandbox of
+`tito.sandbox` (per submission: a cgroup with the memory and process limits, a leased user id). The
+score comes from the trusted checks (`tito.trusted`): each submission's exported code is probed in a
+second, fresh sandbox that never ran the notebook, and every graded cell carries that verdict.
+Hidden tests never run in the student's kernel (they are stripped before execution; the trusted
+checks score, the visible tests run for the student's feedback). Before that, every submission is
+compared with the release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back
+from the release, the submission is graded from the student's code, and it is flagged `needs review`;
+copied cells and older nbformat versions are normalized and graded. Statuses say what happened: a
+worker killed by a signal the submission sent, a submission over its memory limit, a timeout named by
+the exercise and function, a check that could not read a student's odd result (that exercise scores 0).
 
 nbgrader creates the gradebook by running the `alembic` executable found on PATH, so every call
 puts this Python's `bin` folder first on PATH.
@@ -39,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,8 +60,8 @@ from .integrity import restore_graded_cells
 from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
 from .progress import atomic_write_text
 
-STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-ENGINE_VERSION = "3"  # part of every fingerprint: bump to re-grade everything after an engine change
+STUDENT_ID_RE = re.compile(r"^[^\W][\w.\-]*$")  # letters of any script, digits, '.', '_', '-'; see safe_student_id
+ENGINE_VERSION = "4"  # part of every fingerprint: bump to re-grade everything after an engine change
 
 GRADED, REVIEW, FAILED, TIMED_OUT, KERNEL_DIED = "graded", "needs review", "failed", "timed out", "kernel died"
 ATTENTION = (REVIEW, FAILED, TIMED_OUT, KERNEL_DIED)
@@ -281,8 +289,9 @@ def _check_notebook_text(text: str, what: str) -> None:
 
 def collect(settings: Settings, module: Module, student: str, notebook: Path) -> Path:
     """Put one student's notebook where nbgrader expects a submission; submission time = the file's time."""
-    if not STUDENT_ID_RE.match(student):
-        raise CourseError(f"student id {student!r} may only contain letters, digits, '.', '_' and '-'")
+    student, why = safe_student_id(student)
+    if why:
+        raise CourseError(f"student id {student!r} is not a safe id: {why}")
     notebook = Path(notebook)
     if notebook.is_dir():
         candidate = notebook / "modules" / module.slug / module.notebook.name
@@ -295,7 +304,10 @@ def collect(settings: Settings, module: Module, student: str, notebook: Path) ->
 
 
 def _store(settings: Settings, module: Module, student: str, data: bytes, mtime: float) -> Path:
+    submitted = (settings.nbgrader_root / "submitted").resolve()
     dest = settings.nbgrader_root / "submitted" / student / module.slug
+    if safe_student_id(student)[1] or submitted not in (submitted / student).resolve().parents:
+        raise CourseError(f"student id {student!r} would be stored outside {submitted}: refused")
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / module.notebook.name
     tmp = dest / f".{module.notebook.name}.tmp"
@@ -326,11 +338,37 @@ LMS_NAME_PATTERNS = (
 )
 
 
+# Moodle's "download submissions in folders": one folder per student, "John Smith_1001_assignsubmission_file_"
+MOODLE_FOLDER = r"^(?P<student_id>[^_]+?)_(?P<user>\d+)_assignsubmission_[a-z]+_?$"
+
+
+def safe_student_id(raw: str) -> tuple[str, str]:
+    """(the student id made from `raw`, '' or why it is not a safe id). Letters of any script, digits, '.', '_'
+    and '-' are kept (NFC-normalized: `José Núñez` -> `José_Núñez`); an id must not start with '.' or '-' (a
+    hidden file, a parent folder `..`, an option), so it always names one folder under submitted/."""
+    student = unicodedata.normalize("NFC", re.sub(r"\s+", "_", raw.strip()))
+    if not student:
+        return student, "it is empty"
+    if student.startswith((".", "-")):
+        return student, "it starts with '.' or '-' (a hidden file, a parent folder, an option)"
+    if len(student) > 100:
+        return student, "it is longer than 100 characters"
+    if not re.fullmatch(r"[\w.\-]+", student):
+        bad = "".join(dict.fromkeys(c for c in student if not re.fullmatch(r"[\w.\-]", c)))
+        return student, f"it contains {bad!r}: only letters, digits, '.', '_' and '-' may be in an id"
+    return student, ""
+
+
 def student_from_name(name: str, module: Module) -> str:
     """Student id from an LMS download name (see LMS_NAME_PATTERNS), with nbgrader's zip_collect plugin."""
+    return lms_student(name, module)[0]
+
+
+def lms_student(name: str, module: Module) -> tuple[str, str]:
+    """(student id, the LMS's own number for the student or '') from an LMS download name."""
     from nbgrader.plugins import FileNameCollectorPlugin
 
-    base = Path(name).name
+    base = unicodedata.normalize("NFC", Path(name).name)
     for pattern in LMS_NAME_PATTERNS:
         found = FileNameCollectorPlugin(named_regexp=pattern, valid_ext=[".ipynb"]).collect(base)
         if found and found.get("student_id"):
@@ -338,8 +376,10 @@ def student_from_name(name: str, module: Module) -> str:
             if file_id and pattern is LMS_NAME_PATTERNS[-1] and not file_id.startswith(module.slug[:3]):
                 continue
             student = re.sub(r"\s+", "_", found["student_id"].strip())
-            return re.sub(r"[^A-Za-z0-9_.\-]", "", student) or found["student_id"]
-    return Path(base).stem
+            number = re.search(r"_(\d+)_assignsubmission_", base) if pattern is LMS_NAME_PATTERNS[0] else None
+            return (re.sub(r"[^\w.\-]", "", student) or found["student_id"],
+                    number.group(1) if number else str(found.get("user") or ""))
+    return Path(base).stem, ""
 
 
 def collect_folder(settings: Settings, module: Module, folder: Path,
@@ -347,10 +387,12 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
     """Collect a whole class: a folder (or .zip) of notebooks, student folders, or student editions.
 
     Each entry becomes one student: a sub-folder is named after the student and holds the notebook
-    (or a whole student edition); a notebook file's name gives the student id (`alice_01_tensor.ipynb`),
-    or `mapping` maps the name (file stem or folder name) to an id. The submission time is the
-    file's own modification time (a zip member's time). Returns one line per entry; bad entries are
-    reported and skipped, the rest collected.
+    (or a whole student edition; Moodle's folder per student, `John Smith_1001_assignsubmission_file_`,
+    is read as Moodle names it); a notebook file's name gives the student id (`alice_01_tensor.ipynb`,
+    LMS download names), or `mapping` maps the name (file stem or folder name) to an id. Two entries
+    with one name but different LMS numbers (two John Smiths) become `John_Smith_1001` and
+    `John_Smith_1009`. The submission time is the file's own modification time (a zip member's time).
+    Returns one line per entry; bad entries are reported and skipped, the rest collected.
     """
     folder = Path(folder)
     mapping = mapping or {}
@@ -359,11 +401,13 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
             return collect_folder(settings, module, _unzip(folder, Path(tmp), module), mapping)
     if not folder.is_dir():
         raise CourseError(f"{folder} is neither a folder nor a .zip of submissions")
-    found: dict[str, list[tuple[str, Path]]] = {}
+    found: dict[str, list[tuple[str, Path, str]]] = {}
     results: list[Collected] = []
     for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name == "__MACOSX":
-            continue
+        if entry.name.startswith(".") and not (entry.suffix == ".ipynb" and entry.is_file()) \
+                or entry.name in ("__MACOSX", ".ipynb_checkpoints"):
+            continue  # hidden files and folders (a notebook whose name starts with '.' is reported below)
+        number = ""
         if entry.is_dir():
             name = entry.name
             nb = entry / "modules" / module.slug / module.notebook.name
@@ -377,24 +421,34 @@ def collect_folder(settings: Settings, module: Module, folder: Path,
             if nb is None:
                 results.append(Collected("", entry.name, error=f"no {module.notebook.name} in this folder"))
                 continue
+            moodle = re.match(MOODLE_FOLDER, unicodedata.normalize("NFC", name))
+            student = re.sub(r"\s+", "_", moodle.group("student_id").strip()) if moodle else name
+            number = moodle.group("user") if moodle else ""
         elif entry.suffix == ".ipynb":
             name, nb = entry.stem, entry
+            student, number = lms_student(entry.name, module)
         else:
             results.append(Collected("", entry.name, error="not a notebook (.ipynb) nor a student folder: skipped"))
             continue
-        student = mapping.get(name) or mapping.get(entry.name) or (
-            name if entry.is_dir() else student_from_name(entry.name, module))
-        found.setdefault(student, []).append((entry.name, nb))
+        mapped = mapping.get(name) or mapping.get(entry.name)
+        found.setdefault(mapped or student, []).append((entry.name, nb, "" if mapped else number))
+    named: list[tuple[str, str, Path]] = []
     for student, entries in sorted(found.items()):
+        numbers = [n for _, _, n in entries]
+        if len(entries) > 1 and all(numbers) and len(set(numbers)) == len(numbers):
+            named += [(f"{student}_{n}", src, nb) for src, nb, n in entries]  # two John Smiths stay two students
+            continue
         if len(entries) > 1:
-            for src, _ in entries:
+            for src, _, _ in entries:
                 results.append(Collected(student, src, error=f"{len(entries)} entries map to student {student!r} "
-                                                             f"({', '.join(s for s, _ in entries)}): "
+                                                             f"({', '.join(s for s, _, _ in entries)}): "
                                                              "none collected; keep one or give a --map file"))
             continue
-        src, nb = entries[0]
-        if not STUDENT_ID_RE.match(student or "-"):
-            results.append(Collected(student, src, error=f"cannot make a student id from {src!r} (got {student!r}): "
+        named.append((student, entries[0][0], entries[0][1]))
+    for raw, src, nb in named:
+        student, why = safe_student_id(raw)
+        if why:
+            results.append(Collected(student, src, error=f"cannot make a student id from {src!r} (got {raw!r}: {why}): "
                                                           "rename it or give a --map file (name,student_id)"))
             continue
         try:
@@ -458,10 +512,11 @@ def read_mapping(path: Path) -> dict[str, str]:
     for i, row in enumerate(rows, 1):
         if not row or (i == 1 and [c.strip().lower() for c in row[:2]] == ["name", "student_id"]):
             continue
-        if len(row) < 2 or not STUDENT_ID_RE.match(row[1].strip()):
+        sid, why = safe_student_id(row[1]) if len(row) >= 2 else ("", "no id")
+        if why:
             raise CourseError(f"{path} line {i}: expected `name,student_id` with an id of letters, digits, . _ -; "
-                              f"got {row!r}")
-        out[row[0].strip()] = row[1].strip()
+                              f"got {row!r} ({why})")
+        out[unicodedata.normalize("NFC", row[0].strip())] = sid
     return out
 
 
@@ -610,7 +665,7 @@ def _repair_other_metadata(nb, release) -> list[str]:
 
 
 def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str,
-            plan=None) -> Job:
+            plan=None, prerequisites: dict[str, str] | None = None) -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 
@@ -632,6 +687,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         first = str(e).splitlines()[0][:120] if str(e) else ""
         raise _Fail(job, f"the notebook cannot be read ({type(e).__name__}: {first}); "
                          "ask the student for an intact copy") from None
+    job.log += normalize_notebook(nb)
     # a test cell that still holds the hidden tests (the instructor's own version) is not tampered with:
     # compare without them; nbgrader's OverwriteCells puts them back from the gradebook anyway
     nb = clear_hidden_tests(nb)
@@ -648,15 +704,60 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         job.log += [f"  - {p}" for p in details + other]
     resources = _resources(settings, module, student)
     try:
-        for pp in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), OverwriteCells(), CheckCellMetadata()):
+        for pp in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), OverwriteCells()):
             nb, resources = pp.preprocess(nb, resources)
+        copies = _drop_emptied_metadata(nb)
+        if copies:
+            job.log.append(f"copied graded or solution cells ({', '.join(copies)}): the copy counts as the student's "
+                           "own code cell (nbgrader keeps the last one of each grade id)")
+        nb, resources = CheckCellMetadata().preprocess(nb, resources)
     except Exception as e:  # nbgrader's validation errors name the cell; keep its words
         raise _Fail(job, f"nbgrader could not prepare the notebook: {type(e).__name__}: {e}") from None
+    # hidden tests never run in the student's kernel: the trusted checks score (nbgrader's OverwriteCells has just
+    # put them back from the gradebook); the notebook's visible tests run for the student's feedback
+    if plan is not None:
+        nb = clear_hidden_tests(nb)
     job.notebook = nb
     if plan is not None:
-        job.probe, notes = plan.job(nb)
+        job.probe, notes = plan.job(nb, prerequisites or {})
         job.log += notes
     return job
+
+
+def normalize_notebook(nb) -> list[str]:
+    """Cells a student copied in JupyterLab, and notebooks of an older nbformat minor version, graded as they are:
+    every cell gets a unique id (nbformat 4.5), with a note for the log."""
+    notes = []
+    if nb.get("nbformat_minor", 0) < 5:
+        notes.append(f"nbformat 4.{nb.get('nbformat_minor', 0)}: upgraded to 4.5 (cell ids added)")
+        nb.nbformat_minor = 5
+    seen: set[str] = set()
+    dup = 0
+    for cell in nb.cells:
+        cid = cell.get("id")
+        if not isinstance(cid, str) or not re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", cid) or cid in seen:
+            dup += isinstance(cid, str) and cid in seen
+            cid = nbformat.v4.nbbase.random_cell_id()
+            while cid in seen:
+                cid = nbformat.v4.nbbase.random_cell_id()
+            cell["id"] = cid
+        seen.add(cid)
+    if dup:
+        notes.append(f"{dup} cell(s) with a duplicate cell id (copied in JupyterLab?): given new ids")
+    return notes
+
+
+def _drop_emptied_metadata(nb) -> list[str]:
+    """nbgrader's DeduplicateIds empties the metadata of all but the last cell with a grade id (a copied cell);
+    its CheckCellMetadata would then refuse the notebook (schema version 0: SchemaTooOldError). Those cells are the
+    student's own code cells now."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        md = cell.get("metadata", {})
+        if "nbgrader" in md and not md["nbgrader"]:
+            del md["nbgrader"]
+            out.append(f"cell {i + 1}")
+    return out
 
 
 SHORT_PROBLEM = {"missing": "graded test cell deleted", "changed": "graded test cell edited",
@@ -712,11 +813,41 @@ def _flag_grades(gb, module: Module, student: str, grade_ids: list[str] | None, 
     gb.db.commit()
 
 
-def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None) -> Outcome:
+def bound_outputs(nb, cell_limit: int, notebook_limit: int) -> int:
+    """The trusted side's own output limits on an executed notebook (the worker enforces them on what the kernel
+    sends; this holds even if a worker did not): outputs past a cell's or the notebook's limit are dropped with a
+    note. Returns the characters dropped."""
+    left, dropped = notebook_limit, 0
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept, out, cut, errors = 0, [], 0, 0
+        for o in cell.get("outputs", []):
+            size = len(json.dumps(o, default=str))
+            if o.get("output_type") == "error" and errors < 2 and size <= 20_000:
+                errors += 1
+                out.append(o)
+            elif kept + size <= cell_limit and size <= left:
+                kept += size
+                left -= size
+                out.append(o)
+            else:
+                cut += size
+        if cut:
+            dropped += cut
+            out.append(nbformat.v4.new_output("stream", name="stdout", text=(
+                f"\n[autograder: {cut:,} characters of output were cut here: output is capped]\n")))
+            cell.outputs = out
+    return dropped
+
+
+def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None) -> Outcome:
     """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
     from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, LimitOutput
 
+    g = GradingSettings.load(settings)
     nb = nbformat.reads(result["notebook"], as_version=4)
+    bound_outputs(nb, g.output_limit + 1000, g.notebook_output_limit + 10_000)
     status, reason = {"ok": (GRADED, ""), "timed out": (TIMED_OUT, result.get("reason", "")),
                       "kernel died": (KERNEL_DIED, result.get("reason", "")),
                       "error": (FAILED, result.get("reason", ""))}[result["status"]]
@@ -733,10 +864,11 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
     if plan is not None:  # every graded cell carries the trusted checker's verdict of its exercise
         from .trusted import apply_verdicts, trusted_summary
 
-        verdicts = plan.verdicts(result.get("probes"))
+        verdicts = checked.verdicts if checked is not None else plan.verdicts(None).verdicts
         apply_verdicts(nb, verdicts, trusted_log)
         trusted_log = [f"trusted checks (seed {plan.seed}; each exercise's probe of your exported code against "
-                       "the reference):", *trusted_summary(verdicts), *trusted_log]
+                       "the reference, in a sandbox of its own):", *trusted_summary(verdicts),
+                       *(checked.notes if checked is not None else []), *trusted_log]
     for pp in (LimitOutput(), TitoSaveAutoGrades(), AssignLatePenalties(), CheckCellMetadata()):
         nb, resources = pp.preprocess(nb, resources)
     with _gradebook(settings) as gb:
@@ -834,6 +966,12 @@ class Running:
     hard_deadline: float
     workdir: str
     slot: int
+    group: object = None  # the submission's cgroup (tito.sandbox.Group), or None
+    probe: "ProbeRun | None" = None
+    result: dict | None = None  # the notebook worker's, once it ended
+    why: str = ""
+    killed: bool = False
+    ended: bool = False
 
 
 @dataclass
@@ -874,14 +1012,70 @@ def prerequisite_imports(files: dict[str, str]) -> list[str]:
     return ["tinytorch", *sorted(out)]
 
 
+def isolated_env(box) -> dict:
+    """The environment of a process started in isolated mode (`python -I` ignores PYTHON* variables anyway)."""
+    env = {k: v for k, v in box.env().items() if not k.startswith("PYTHON")}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="2",
+               MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+class ProbeRun:
+    """One submission's trusted checks, run in a thread: `plan.run` over a probe process in a fresh sandbox of the
+    submission's slot (its own PID namespace and private /tmp: nothing the notebook wrote is there)."""
+
+    def __init__(self, plan, job: dict, box, slot: int, group, scratch: Path):
+        import threading
+
+        self.plan, self.job, self.box, self.slot, self.group, self.scratch = plan, job, box, slot, group, scratch
+        self.procs: list[subprocess.Popen] = []
+        self.checked = None
+        self.error = ""
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def spawn(self) -> subprocess.Popen:
+        if self.stopped:
+            raise RuntimeError("grading stopped")
+        box = self.box
+        if box.mode == "none":
+            cwd = tempfile.mkdtemp(prefix="probe-", dir=self.scratch)
+            cmd = box.isolated("tito.probe_run", self.slot)
+        else:
+            cwd = str(box.code_root)
+            base = "/tmp" if box.mode == "bwrap" or box.private_tmp else "/dev/shm"
+            cmd = box.isolated("tito.probe_run", self.slot, chdir=base)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(self.group))
+        self.procs.append(proc)
+        return proc
+
+    def _run(self) -> None:
+        try:
+            self.checked = self.plan.run(self.job, self.spawn, kill_tree)
+        except Exception as e:  # reported with the submission, never hidden
+            self.error = f"{type(e).__name__}: {e}"
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.stopped = True
+        for p in self.procs:
+            if p.poll() is None:
+                kill_tree(p)
+
+
 class WorkerPool:
-    """Up to `size` submissions at once, each in a worker process in `box`; `grade()` runs a queue.
+    """Up to `size` submissions at once, each in its own sandbox: the notebook in a worker process, the trusted
+    checks in a probe process (a thread talks to it), both in the submission's cgroup when there is one.
 
-    Each finished worker's result is scored into the gradebook by `on_result(job, result | None, why)`
-    in this process, one at a time (result None: the worker died or was killed; `why` says how)."""
+    Each finished submission is scored by `on_result(job, result | None, why, killed, checked)` in this process,
+    one at a time (result None: the worker died or was killed; `why` says how)."""
 
-    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings):
-        self.box, self.size, self.files, self.g = box, max(1, size), files, g
+    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings, plan=None):
+        self.box, self.size, self.files, self.g, self.plan = box, max(1, size), files, g, plan
         self.running: list[Running] = []
         self.scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
         os.chmod(self.scratch, 0o700)
@@ -893,72 +1087,112 @@ class WorkerPool:
     def launch(self, job: Job) -> None:
         box, g = self.box, self.g
         slot = self.free_slot()
+        group = box.cgroups.group(job.student) if box.cgroups is not None else None
         out, errf = self.scratch / f"{job.student}.out", self.scratch / f"{job.student}.err"
         workdir = (f"{box.workdir_base()}/{job.student}" if box.workdir_base()
                    else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
         payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": self.files, "workdir": workdir,
                               "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
-                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
-                              "probe": job.probe})
+                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit})
+        cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
         with open(out, "wb") as fo, open(errf, "wb") as fe:
-            proc = subprocess.Popen(box.command(sys.executable, workdir, slot), stdin=subprocess.PIPE, stdout=fo,
-                                    stderr=fe, env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec())
+            proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=subprocess.PIPE, stdout=fo,
+                                    stderr=fe, env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(group))
         try:
             proc.stdin.write(payload.encode())
             proc.stdin.close()
         except BrokenPipeError:
             pass
+        probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch) if job.probe is not None else None
         now = time.monotonic()
-        extra = g.probe_timeout if job.probe else 0
-        self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + extra + 30, workdir, slot))
+        self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot, group,
+                                    probe))
         job.log.append(f"worker started (sandbox {box.mode}), limit {g.notebook_timeout:g} s per notebook, "
                        f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB, "
-                       f"{box.max_processes} processes")
+                       f"{box.max_processes} processes" + (", one cgroup for the whole submission" if group else ""))
+        if probe is not None:
+            job.log.append(f"trusted checks started in a fresh sandbox of their own (limit {g.probe_timeout:g} s)")
 
     def _result(self, r: Running, killed: bool) -> tuple[dict | None, str]:
         if self.box.mode == "none":
             shutil.rmtree(r.workdir, ignore_errors=True)
         err_text = r.err.read_bytes()[-4000:].decode("utf-8", errors="replace") if r.err.exists() else ""
+        result = None
+        limit = 4 * (self.g.notebook_output_limit + self.g.output_limit) + (64 << 20)
         try:
-            result = None if killed else json.loads(r.out.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            if not killed and r.out.stat().st_size <= limit:
+                result = json.loads(r.out.read_text(encoding="utf-8"))
+                if not isinstance(result, dict) or result.get("status") not in ("ok", "timed out", "kernel died", "error") \
+                        or not isinstance(result.get("notebook"), str):
+                    result = None
+        except (OSError, ValueError, RecursionError):
             result = None
+        size = r.out.stat().st_size if r.out.exists() else 0
         for p in (r.out, r.err):
             p.unlink(missing_ok=True)
         if killed:
-            return None, (f"no result within {self.g.notebook_timeout:g} s (+ {self.g.probe_timeout:g} s of checks) + 30 s: "
-                          "the grading process was killed")
+            return None, (f"no result within {self.g.notebook_timeout:g} s + 30 s: the grading process was killed")
         if result is not None:
             return result, ""
-        reason = f"the grading process exited with code {r.proc.returncode} without a result"
-        if r.proc.returncode in (-9, 137) or "MemoryError" in err_text:
-            reason += " (killed: out of memory?)"
-        last = [ln for ln in err_text.strip().splitlines() if ln.strip()][-1:]
-        if last:
-            reason += f": {last[0][:200]}"
+        code = r.proc.returncode
+        sig = -code if code < 0 else (code - 128 if code > 128 and self.box.mode != "none" else 0)
+        oom = r.group.oom_kills() if r.group is not None else 0
+        if size > limit:
+            reason = f"the grading process wrote {size:,} bytes, more than a notebook's output limits allow"
+        elif sig:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            if oom or "MemoryError" in err_text:
+                reason = (f"the grading process was killed ({name}): the submission used more than its memory limit "
+                          f"of {self.g.memory_gb:g} GiB")
+            else:
+                reason = (f"the grading process was killed by {name}, not by the grader nor for memory: a process of "
+                          "the submission (its notebook's code) sent it")
+        else:
+            reason = f"the grading process exited with code {code} without a result"
+            last = [ln for ln in err_text.strip().splitlines() if ln.strip()][-1:]
+            if last:
+                reason += f": {last[0][:200]}"
         r.job.log.append("worker stderr:\n" + err_text)
         return None, reason
 
     def poll(self, on_result) -> None:
         now = time.monotonic()
         for r in list(self.running):
-            if r.proc.poll() is not None:
-                self.running.remove(r)
-                result, why = self._result(r, killed=False)
-                on_result(r.job, result, why, False)
-            elif now > r.hard_deadline:
+            if not r.ended and r.proc.poll() is not None:
+                r.ended = True
+                r.result, r.why = self._result(r, killed=False)
+            elif not r.ended and now > r.hard_deadline:
                 kill_tree(r.proc)
+                r.ended, r.killed = True, True
+                r.result, r.why = self._result(r, killed=True)
+            if r.ended and (r.probe is None or r.probe.done()):
                 self.running.remove(r)
-                result, why = self._result(r, killed=True)
-                on_result(r.job, result, why, True)
+                checked = None
+                if r.probe is not None:
+                    if r.probe.error:
+                        r.job.log.append(f"the trusted checks could not run: {r.probe.error}")
+                    checked = r.probe.checked
+                if r.group is not None:
+                    r.group.remove()
+                on_result(r.job, r.result, r.why, r.killed, checked)
 
     def close(self) -> list[str]:
         """Kill what still runs; the students whose grading was cut short."""
         left = [r.job.student for r in self.running]
         for r in self.running:
+            if r.probe is not None:
+                r.probe.stop()
             kill_tree(r.proc)
+            if r.group is not None:
+                r.group.remove()
             if self.box.mode == "none":
                 shutil.rmtree(r.workdir, ignore_errors=True)
+        for r in self.running:
+            if r.probe is not None:
+                r.probe.thread.join(timeout=10)
         self.running.clear()
         shutil.rmtree(self.scratch, ignore_errors=True)
         return left
@@ -970,16 +1204,28 @@ def _plan_notes(module: Module, plan, graded: bool) -> list[str]:
     if plan is None:
         return [f"trusted checks: none for {module.slug} (no tito/probes/m{module.number}.py): each graded cell's own "
                 "outcome in the student's kernel is its score"]
-    n = sum(len(g["exercises"]) for g in plan.groups)
-    return [f"trusted checks: the {n} exercises of {module.slug} are scored by probes of each student's exported code, "
-            f"compared here with the reference package (seed {plan.seed})"]
+    return [f"trusted checks: the {len(plan.exercises)} exercises of {module.slug} are scored by probes of each "
+            f"student's exported code in a sandbox of their own, compared here with the reference package "
+            f"(seed {plan.seed}); hidden tests are not run in the students' kernels"]
+
+
+def _prune(settings: Settings, module: Module, results: dict[str, Outcome], submitted: list[str]) -> list[str]:
+    """Results (and autograded notebooks, feedback pages, logs) of students whose submission is gone."""
+    gone = sorted(set(results) - set(submitted))
+    for s in gone:
+        del results[s]
+        for folder in ("autograded", "feedback"):
+            shutil.rmtree(settings.nbgrader_root / folder / s / module.slug, ignore_errors=True)
+        log_path(settings, module, s).unlink(missing_ok=True)
+    return gone
 
 
 def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
               workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None
               ) -> RunReport:
     """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`."""
-    from .sandbox import make_sandbox, preflight
+    from .sandbox import Cgroups, make_sandbox, preflight
+    from .trusted import TITO_DIR, code_tree
 
     g = GradingSettings.load(settings)
     all_students = submitted_students(settings, module)
@@ -996,6 +1242,9 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     release = nbformat.reads(release_bytes.decode("utf-8"), as_version=4)
     salt = _salt(g, module)
     results = load_results(settings, module)
+    pruned = _prune(settings, module, results, all_students)
+    if pruned:
+        save_results(settings, module, results)
     wanted = students or all_students
     todo, unchanged = [], []
     for s in wanted:
@@ -1007,60 +1256,66 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
         (unchanged if current and not force else todo).append(s)
 
     nworkers = max(1, workers or g.workers)
-    hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root]
+    hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root, TITO_DIR]
     box = make_sandbox(g.sandbox, hidden, settings.root, int(g.memory_gb * (1 << 30)), workers=nworkers,
                        max_processes=g.max_processes)
+    code_base = Path("/var/tmp") if box.mode == "namespace" and Path("/var/tmp").is_dir() else None
+    code_dir = Path(tempfile.mkdtemp(prefix="tito-code-", dir=code_base))
+    box.code_root = code_tree(code_dir, module.number)
+    box.cgroups = Cgroups.detect(int(g.memory_gb * (1 << 30)), g.max_processes)
     files = package_files(settings.root, module)
     plan = None
-    if todo:  # the worker must start, import and run before any submission is tried
-        preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")
-        from .trusted import Plan
-
-        # the reference's records for this run's seed, computed here, outside every sandbox
-        plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout)
     stop = Stop()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    pool = WorkerPool(box, nworkers, files, g)
+    pool = None
     queue = list(todo)
     graded_now: list[str] = []
     total = len(todo)
-
-    def record(outcome: Outcome, job: Job) -> None:
-        outcome.graded_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        log = log_path(settings, module, outcome.student)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        head = [f"{module.slug} / {outcome.student}: {outcome.label}",
-                f"score {outcome.score:g} / {outcome.max_score:g}; graded {outcome.graded_at}; "
-                f"submitted {outcome.submitted_at or 'unknown'}", f"sandbox: {box.describe()}"]
-        atomic_write_text(log, "\n".join(head + job.log) + "\n")
-        outcome.log = str(log.relative_to(settings.root))
-        results[outcome.student] = outcome
-        save_results(settings, module, results)
-        graded_now.append(outcome.student)
-        if on_event:
-            on_event("done", outcome, len(graded_now), total)
-
-    def on_result(job: Job, result: dict | None, why: str, killed: bool) -> None:
-        if result is None:
-            outcome = fail(settings, module, job, why, status=TIMED_OUT if killed else FAILED)
-        else:
-            try:
-                outcome = finish(settings, module, job, result, plan)
-            except Exception as e:  # a damaged executed notebook: this student fails, the others go on
-                outcome = fail(settings, module, job, f"scoring failed: {type(e).__name__}: {e}")
-        record(outcome, job)
-
     left: list[str] = []
     try:
+        if todo:  # the worker must start, import and run before any submission is tried
+            preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")
+            from .trusted import Plan
+
+            # the reference's records for this run's seed, computed here, outside every sandbox
+            plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout)
+        pool = WorkerPool(box, nworkers, files, g, plan)
+
+        def record(outcome: Outcome, job: Job) -> None:
+            outcome.graded_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            log = log_path(settings, module, outcome.student)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            head = [f"{module.slug} / {outcome.student}: {outcome.label}",
+                    f"score {outcome.score:g} / {outcome.max_score:g}; graded {outcome.graded_at}; "
+                    f"submitted {outcome.submitted_at or 'unknown'}", f"sandbox: {box.describe()}"]
+            atomic_write_text(log, "\n".join(head + job.log) + "\n")
+            outcome.log = str(log.relative_to(settings.root))
+            results[outcome.student] = outcome
+            save_results(settings, module, results)
+            graded_now.append(outcome.student)
+            if on_event:
+                on_event("done", outcome, len(graded_now), total)
+
+        def on_result(job: Job, result: dict | None, why: str, killed: bool, checked=None) -> None:
+            if result is None:
+                outcome = fail(settings, module, job, why, status=TIMED_OUT if killed else FAILED)
+            else:
+                try:
+                    outcome = finish(settings, module, job, result, plan, checked)
+                except Exception as e:  # a damaged executed notebook: this student fails, the others go on
+                    outcome = fail(settings, module, job, f"scoring failed: {type(e).__name__}: {e}")
+            record(outcome, job)
+
         if on_event:
             on_event("start", None, 0, total)
-            for note in box.notes:
+            for note in box.notes + ([f"removed from the results (no submission any more): {', '.join(pruned)}"]
+                                     if pruned else []):
                 on_event(note, None, 0, total)
         while (queue or pool.running) and not stop:
             while queue and len(pool.running) < pool.size and not stop:
                 s = queue.pop(0)
                 try:
-                    job = prepare(settings, module, s, release, release_bytes, salt, plan)
+                    job = prepare(settings, module, s, release, release_bytes, salt, plan, files)
                 except _Fail as f:
                     record(fail(settings, module, f.job, f.reason), f.job)
                     continue
@@ -1072,15 +1327,18 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             time.sleep(0.05)
             pool.poll(on_result)
     finally:
-        left = pool.close()
+        left = pool.close() if pool is not None else []
         interrupted = left + list(queue) if stop or left else []
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
+        box.close()
+        shutil.rmtree(code_dir, ignore_errors=True)
     outcomes = {s: results[s] for s in wanted if s in results}
     for s in interrupted:  # its previous result (if any) stays on disk, but it was not graded now
         outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
     report = RunReport(module, outcomes, graded_now, unchanged, interrupted, results_path(settings, module),
-                       box.mode, box.notes + [box.describe()] + _plan_notes(module, plan, bool(todo)))
+                       box.mode, box.notes + [box.describe()] + _plan_notes(module, plan, bool(todo))
+                       + ([f"removed from the results (no submission any more): {', '.join(pruned)}"] if pruned else []))
     if stop:
         report.notes.append(f"stopped by {signal.Signals(stop.signal).name}")
     return report

@@ -20,16 +20,35 @@ bwrap, then namespace, then none; the report and every log say which one ran):
 All set resource limits before the worker starts: address space (`[grading] memory_gb`), file size,
 no core files, and a process count (`[grading] max_processes`: a fork bomb stops there).
 
+Grading starts every sandboxed process in Python's isolated mode (`python -I`: no writable folder
+on sys.path, no PYTHONPATH) from a copy of only the tito code it needs (`tito.trusted.code_tree`,
+bound read-only at /opt/tito under bwrap), with a working directory the student cannot write.
+
+Limits per run and per submission, never per host:
+
+- user ids: each grading run leases its own range of unused numeric user ids (`UidLease`, under a lock
+  on a registry shared by every tito process on the machine), so two runs never share a user id or its
+  process limit;
+- memory and processes of the whole sandbox of one submission (worker, kernel, probe processes and
+  everything they start): a cgroup per submission (`Cgroups`: cgroup v2 `memory.max`, `memory.swap.max`
+  and `pids.max`, or the v1 memory and pids controllers), made when tito runs as root on a machine that
+  has them. The documented fallback elsewhere: the address-space limit per process (`RLIMIT_AS`) and the
+  process limit per user id (`RLIMIT_NPROC`, which the leased user ids make per submission); the report
+  says which applies. Each process also keeps `RLIMIT_AS`, so one huge allocation fails with a
+  MemoryError in the cell instead of killing the kernel.
+
 `preflight()` starts the worker exactly as grading will and explains in one line, with the fix,
 why it cannot start (for example an interpreter under a private home directory that the sandbox
 user cannot read), before any submission is tried.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import pwd
+import re
 import resource
 import shutil
 import signal
@@ -37,12 +56,18 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from .course import CourseError
 
 MODES = ("auto", "bwrap", "namespace", "none")
+CODE_MOUNT = "/opt/tito"  # where a grading sandbox sees its copy of the tito code (bwrap)
+# python -I -c BOOT CODE_ROOT MODULE: run MODULE with only CODE_ROOT added to sys.path (tito.trusted.BOOT)
+BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); import runpy; "
+        "runpy.run_module(sys.argv[2], run_name='__main__', alter_sys=True)")
 UID_BASE = 61000  # numeric user ids for the sandbox (one per worker slot): never in /etc/passwd, never created
 
 # Runs as root inside the new namespaces, then drops to the sandbox user and starts the worker.
@@ -60,19 +85,281 @@ if [ -d /dev/shm ]; then mount -t tmpfs -o size="$tmpsize",mode=1777 tinytorch-s
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
 
+# The namespace script for isolated processes: the same, then `cd` into the directory given after the flags.
+_NS_SCRIPT_CD = _NS_SCRIPT.replace('privtmp="$4"; shift 4', 'privtmp="$4"; workdir="$5"; shift 5').replace(
+    'exec setpriv', 'cd "$workdir"\nexec setpriv')
+
 # files of /etc a Python process and a Jupyter kernel may read (name resolution of localhost, time zone)
 _ETC = ("ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "hosts", "passwd", "group", "mime.types")
 
 
 def _free_uids(n: int) -> list[int]:
-    out, uid = [], UID_BASE
-    while len(out) < n:
+    """`n` unused user ids for this process, leased so that no other tito process on the machine gets them while
+    it lives (one run per process: the sandboxes a process makes one after another share its lease)."""
+    return UidLease.for_process(n).uids[:n]
+
+
+def _registry() -> Path:
+    run = Path("/run")
+    base = run if os.geteuid() == 0 and run.is_dir() and os.access(run, os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"tito-sandbox-uids-{os.geteuid()}.json"
+
+
+def _alive(pid: int, started: float) -> bool:
+    import psutil
+
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+@dataclass
+class UidLease:
+    """A range of user ids for one process's sandboxes, recorded in a registry that every tito process on the
+    machine reads and writes under an exclusive lock (fcntl): ranges of live processes are never handed out
+    again; those of dead ones are."""
+    uids: list[int]
+
+    _held: ClassVar[list] = []
+    _process: ClassVar[list] = []  # the lease this process's sandboxes share (for_process)
+
+    @classmethod
+    def for_process(cls, n: int) -> "UidLease":
+        """This process's lease, grown to at least `n` ids (released when the process ends)."""
+        if cls._process and len(cls._process[0].uids) >= n:
+            return cls._process[0]
+        if cls._process:
+            cls._process.pop().release()
+        cls._process.append(cls.acquire(n))
+        return cls._process[0]
+
+    @classmethod
+    def acquire(cls, n: int) -> "UidLease":
+        import fcntl
+
+        import psutil
+
+        path = _registry()
+        me = {"pid": os.getpid(), "started": psutil.Process().create_time()}
+        with open(path.with_suffix(".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                entries = json.loads(path.read_text()) if path.exists() else []
+            except ValueError:
+                entries = []
+            entries = [e for e in entries if isinstance(e, dict) and _alive(int(e.get("pid", 0)),
+                                                                              float(e.get("started", 0)))]
+            taken = {u for e in entries for u in e.get("uids", [])}
+            uids, uid = [], UID_BASE
+            while len(uids) < n:
+                if uid not in taken:
+                    try:
+                        pwd.getpwuid(uid)
+                    except KeyError:
+                        uids.append(uid)
+                uid += 1
+            entries.append({**me, "uids": uids})
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(entries))
+            os.replace(tmp, path)
+        lease = cls(uids)
+        if not cls._held:
+            atexit.register(cls.release_all)
+        cls._held.append(lease)
+        return lease
+
+    @classmethod
+    def release_all(cls) -> None:
+        for lease in list(cls._held):
+            lease.release()
+
+    def release(self) -> None:
+        import fcntl
+
+        if self not in self._held:
+            return
+        self._held.remove(self)
+        path = _registry()
         try:
-            pwd.getpwuid(uid)
-        except KeyError:
-            out.append(uid)
-        uid += 1
-    return out
+            with open(path.with_suffix(".lock"), "a+") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                entries = json.loads(path.read_text()) if path.exists() else []
+                entries = [e for e in entries if not (e.get("pid") == os.getpid() and e.get("uids") == self.uids)]
+                tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(entries))
+                os.replace(tmp, path)
+        except (OSError, ValueError):
+            pass
+
+
+# ------------------------------------------------------------------ cgroups: limits for a whole submission
+
+
+class Cgroups:
+    """One cgroup per submission's sandbox with memory and process limits for all its processes together.
+
+    `Cgroups.detect(memory, pids)` finds what the machine offers (cgroup v2 with the memory and pids
+    controllers, else the v1 memory and pids hierarchies; tito must run as root) and makes a folder for
+    this run; `group(name)` makes one submission's group (`Group`). `kind` is "v2", "v1" or "" (none: the
+    fallback limits apply) and `why` says why none."""
+
+    def __init__(self, kind: str, roots: list[Path], memory_bytes: int, max_processes: int, why: str = ""):
+        self.kind, self.roots, self.memory_bytes, self.max_processes, self.why = kind, roots, memory_bytes, \
+            max_processes, why
+        self.count = 0
+
+    @classmethod
+    def detect(cls, memory_bytes: int, max_processes: int) -> "Cgroups":
+        if not sys.platform.startswith("linux"):
+            return cls("", [], memory_bytes, max_processes, "not Linux")
+        if os.geteuid() != 0:
+            return cls("", [], memory_bytes, max_processes, "tito is not running as root")
+        name = f"tito-grading-{os.getpid()}"
+        unified = Path("/sys/fs/cgroup")
+        try:
+            if (unified / "cgroup.controllers").exists():
+                have = (unified / "cgroup.controllers").read_text().split()
+                if not {"memory", "pids"} <= set(have):
+                    return cls("", [], memory_bytes, max_processes, "cgroup v2 without the memory and pids controllers")
+                top = unified / "tito-grading"
+                for folder in (unified, top):
+                    folder.mkdir(exist_ok=True)
+                    ctl = (folder / "cgroup.subtree_control").read_text().split()
+                    if not {"memory", "pids"} <= set(ctl):
+                        (folder / "cgroup.subtree_control").write_text("+memory +pids")
+                root = top / name
+                root.mkdir(exist_ok=True)
+                (root / "cgroup.subtree_control").write_text("+memory +pids")
+                return cls("v2", [root], memory_bytes, max_processes)
+            roots = []
+            for ctl in ("memory", "pids"):
+                mount = unified / ctl
+                if not (mount / "cgroup.procs").exists():
+                    return cls("", [], memory_bytes, max_processes, f"no cgroup {ctl} controller mounted")
+                mine = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                             if ctl in ln.split(":", 2)[1].split(",")), "/")
+                root = mount / mine.lstrip("/") / name
+                root.mkdir(exist_ok=True)
+                roots.append(root)
+            return cls("v1", roots, memory_bytes, max_processes)
+        except OSError as e:
+            return cls("", [], memory_bytes, max_processes, f"cgroups cannot be made here ({e.strerror or e})")
+
+    def describe(self) -> str:
+        mem = f"{self.memory_bytes / 2 ** 30:g} GiB" if self.memory_bytes else "no memory limit"
+        if self.kind:
+            return (f"limits per submission (cgroup {self.kind}): {mem} and {self.max_processes} processes for all of "
+                    "its processes together")
+        return (f"limits per process and user id (no cgroups: {self.why}): {mem} of address space per process, "
+                f"{self.max_processes} processes per sandbox user id")
+
+    def group(self, name: str) -> "Group | None":
+        if not self.kind:
+            return None
+        self.count += 1
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] + f"-{self.count}"
+        return Group(self, [r / safe for r in self.roots])
+
+    def close(self) -> None:
+        for r in self.roots:
+            for child in r.iterdir() if r.is_dir() else []:
+                if child.is_dir():
+                    Group(self, [child]).remove()
+            try:
+                r.rmdir()
+            except OSError:
+                pass
+
+
+class Group:
+    """One submission's cgroup: `add_current()` (in a child before exec), `kill()`, `oom_kills()`, `remove()`."""
+
+    def __init__(self, owner: Cgroups, dirs: list[Path]):
+        self.owner, self.dirs = owner, dirs
+        for d in dirs:
+            d.mkdir(exist_ok=True)
+        mem, pids = owner.memory_bytes, owner.max_processes
+        if owner.kind == "v2":
+            d = dirs[0]
+            if mem:
+                (d / "memory.max").write_text(str(mem))
+                if (d / "memory.swap.max").exists():
+                    (d / "memory.swap.max").write_text("0")
+            if pids:
+                (d / "pids.max").write_text(str(pids))
+        else:
+            memd, pidd = dirs
+            if mem:
+                (memd / "memory.limit_in_bytes").write_text(str(mem))
+                if (memd / "memory.memsw.limit_in_bytes").exists():
+                    try:
+                        (memd / "memory.memsw.limit_in_bytes").write_text(str(mem))
+                    except OSError:
+                        pass
+            if pids:
+                (pidd / "pids.max").write_text(str(pids))
+
+    def add_current(self) -> None:
+        pid = str(os.getpid())
+        for d in self.dirs:
+            with open(d / "cgroup.procs", "w") as f:
+                f.write(pid)
+
+    def pids(self) -> list[int]:
+        out = set()
+        for d in self.dirs:
+            try:
+                out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+            except OSError:
+                pass
+        return sorted(out)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the group (a fork bomb included: forks are bounded by pids.max)."""
+        if self.owner.kind == "v2" and (self.dirs[0] / "cgroup.kill").exists():
+            try:
+                (self.dirs[0] / "cgroup.kill").write_text("1")
+            except OSError:
+                pass
+        for _ in range(200):
+            left = self.pids()
+            if not left:
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for the group's memory limit."""
+        d = self.dirs[0]
+        name = "memory.events" if self.owner.kind == "v2" else "memory.oom_control"
+        try:
+            for line in (d / name).read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+            if self.owner.kind == "v1":
+                return 1 if int((d / "memory.failcnt").read_text()) > 0 and "under_oom 1" in \
+                    (d / "memory.oom_control").read_text() else 0
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self) -> None:
+        self.kill()
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
 
 
 def _is_checkout(p: Path) -> bool:
@@ -81,12 +368,12 @@ def _is_checkout(p: Path) -> bool:
     return (p / "modules").is_dir() or (p / ".git").exists() or (p / "settings.ini").is_file()
 
 
-def python_paths() -> list[Path]:
+def python_paths(with_tito: bool = True) -> list[Path]:
     """What the worker's interpreter needs to start: the venv (sys.prefix), the base installation, the
-    interpreter binary's real location, the folders on sys.path (a .pth file may add some), and tito's
-    own code (the worker is `python -m tito.grade_worker`); never a course checkout itself."""
+    interpreter binary's real location, the folders on sys.path (a .pth file may add some), and (unless
+    grading binds its own copy of the code it needs) tito's own code; never a course checkout itself."""
     paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent,
-             Path(__file__).resolve().parent]
+             *([Path(__file__).resolve().parent] if with_tito else [])]
     for entry in sys.path:
         if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
             continue
@@ -117,19 +404,44 @@ class Sandbox:
     # namespace mode: False cuts the network (`unshare --net`; bwrap always does). Grading keeps it: the
     # notebook's kernel talks to nbclient over localhost. `tito compete`'s worker needs none.
     network: bool = True
+    # grading: the copy of the tito code its processes may see (tito.trusted.code_tree), bound read-only at
+    # CODE_MOUNT under bwrap; every process starts from it in isolated mode (`isolated`). None: the course's tito
+    code_root: Path | None = None
+    cgroups: "Cgroups | None" = None  # limits per submission, when the machine has them (grading)
+
+    def isolated(self, module: str, slot: int = 0, chdir: str | None = None) -> list[str]:
+        """The command line that starts `python -I` running `module` from the code tree in this sandbox: no
+        writable folder on sys.path, no PYTHONPATH; the working directory is `chdir` (inside the sandbox; by
+        default the read-only code tree, which the student cannot write)."""
+        root = self.code_mount()
+        return self._inside([sys.executable, "-I", "-c", BOOT, root, module], slot, chdir=chdir or root,
+                            ns_workdir=chdir or root)
+
+    def code_mount(self) -> str:
+        """Where the code tree is inside the sandbox."""
+        if self.code_root is None:
+            return str(Path(__file__).resolve().parent.parent)
+        return CODE_MOUNT if self.mode == "bwrap" else str(self.code_root)
+
+    def close(self) -> None:
+        """Remove this run's cgroups (its user ids stay leased to the process until it ends)."""
+        if self.cgroups is not None:
+            self.cgroups.close()
 
     @property
     def drops_user(self) -> bool:
         return self.mode in ("bwrap", "namespace") and os.geteuid() == 0
 
     def describe(self) -> str:
-        who = (f"as an unprivileged user id ({self.uids[0]}..{self.uids[-1]}, one per worker; no account created)"
-               if self.drops_user and self.uids else "as you")
-        limits = f"at most {self.max_processes} processes per submission"
+        who = (f"as an unprivileged user id ({self.uids[0]}..{self.uids[-1]}, one per worker, leased to this run "
+               "alone; no account created)" if self.drops_user and self.uids else "as you")
+        limits = self.cgroups.describe() if self.cgroups is not None else \
+            f"at most {self.max_processes} processes per submission"
         if self.mode == "bwrap":
+            code = f" and of tito's grading code at {CODE_MOUNT}" if self.code_root is not None else ""
             return (f"sandbox bwrap: student code runs {who} in bubblewrap: it sees only read-only binds of "
-                    f"{', '.join(str(p) for p in python_paths())} and the system's /usr, a private /tmp, "
-                    f"no network, its own PID namespace; {limits}")
+                    f"{', '.join(str(p) for p in python_paths(self.code_root is None))}{code} and the system's /usr, "
+                    f"a private /tmp, no network, its own PID namespace; {limits}")
         if self.mode == "namespace":
             return (f"sandbox namespace: student code runs {who} in its own mount and PID namespaces; "
                     f"hidden from it: {', '.join(str(p) for p in self.hidden)}; the rest of the file system "
@@ -145,9 +457,13 @@ class Sandbox:
         """The command line that starts `python -m worker_module` in this sandbox. bwrap only: `ro` and `rw`
         are host paths bound read-only / writable at the same path (or (host path, path inside) pairs),
         `chdir` the working directory."""
-        worker = [python, "-m", worker_module]
+        return self._inside([python, "-m", worker_module], slot, ro, rw, chdir)
+
+    def _inside(self, cmd: list[str], slot: int, ro: tuple = (), rw: tuple = (), chdir: str | None = None,
+                ns_workdir: str | None = None) -> list[str]:
+        """`cmd` wrapped to run in this sandbox as the user id of `slot` (namespace mode: in `ns_workdir`)."""
         if self.mode == "none":
-            return worker
+            return cmd
         drop = []
         if self.drops_user:
             uid = self._uid(slot)
@@ -155,11 +471,12 @@ class Sandbox:
                     "--bounding-set=-all", "--"]
         if self.mode == "namespace":
             uid = self._uid(slot) if self.drops_user else os.getuid()
-            return ["unshare", "--mount", "--pid", *([] if self.network else ["--net"]), "--fork", "--kill-child", "--mount-proc", "--propagation",
-                    "private", "--", "/bin/sh", "-c", _NS_SCRIPT, "tinytorch-sandbox", str(uid), str(uid),
-                    str(self.tmp_bytes), "1" if self.private_tmp else "0", *[str(p) for p in self.hidden],
-                    "--", *worker]
-        return [*self.bwrap_args(ro, rw, chdir), "--", *drop, *worker]
+            script, workdir = (_NS_SCRIPT_CD, [ns_workdir]) if ns_workdir else (_NS_SCRIPT, [])
+            return ["unshare", "--mount", "--pid", *([] if self.network else ["--net"]), "--fork", "--kill-child",
+                    "--mount-proc", "--propagation", "private", "--", "/bin/sh", "-c", script, "tinytorch-sandbox",
+                    str(uid), str(uid), str(self.tmp_bytes), "1" if self.private_tmp else "0", *workdir,
+                    *[str(p) for p in self.hidden], "--", *cmd]
+        return [*self.bwrap_args(ro, rw, chdir), "--", *drop, *cmd]
 
     def bwrap_args(self, ro: tuple = (), rw: tuple = (), chdir: str | None = None) -> list[str]:
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -179,7 +496,11 @@ class Sandbox:
             if p.exists():
                 args += ["--ro-bind", str(p.resolve()), str(p)]
         made: set[Path] = set()
-        for p in python_paths():
+        if self.code_root is not None:
+            args += ["--perms", "0755", "--dir", str(Path(CODE_MOUNT).parent), "--ro-bind", str(self.code_root),
+                     CODE_MOUNT]
+            made.add(Path(CODE_MOUNT).parent)
+        for p in python_paths(self.code_root is None):
             if str(p).startswith("/usr/"):
                 continue
             for parent in reversed(p.parents):  # folders bwrap makes on the way are mode 700 unless told
@@ -187,7 +508,7 @@ class Sandbox:
                     args += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
             args += ["--ro-bind", str(p), str(p)]
-        for p in python_paths():  # an installed course package (pip install ., not -e) is hidden: the
+        for p in python_paths(self.code_root is None):  # an installed course package (pip install ., not -e) is hidden: the
             for pkg in (p / "tinytorch", p / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"  # kernel
                         / "site-packages" / "tinytorch"):  # imports only the prerequisite copy
                 if pkg.is_dir() and not pkg.is_symlink():
@@ -223,7 +544,9 @@ class Sandbox:
             env["TMPDIR"] = "/dev/shm"
         return env
 
-    def preexec(self):
+    def preexec(self, group: "Group | None" = None):
+        """What runs in the child before exec: its cgroup (`group`: the submission's), its own session, the
+        resource limits, and death with tito."""
         memory, nproc = self.memory_bytes, self.max_processes
         per_uid = self.drops_user
         if not per_uid and nproc:  # the limit counts all of this user's processes: allow for those running now
@@ -232,7 +555,15 @@ class Sandbox:
             mine = os.getuid()
             nproc += sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == mine)
 
+        libc = None
+        if sys.platform.startswith("linux"):  # loaded here: the child of a threaded process only calls it
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+
         def limits():
+            if group is not None:
+                group.add_current()
             os.setsid()  # its own process group: a Ctrl-C in the terminal reaches tito only
             if memory:
                 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -241,10 +572,8 @@ class Sandbox:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             if nproc and hasattr(resource, "RLIMIT_NPROC"):
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            if sys.platform.startswith("linux"):
-                import ctypes
-
-                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with tito
+            if libc is not None:
+                libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with tito
 
         return limits
 
@@ -372,8 +701,13 @@ def diagnose(box: Sandbox, detail: str) -> str:
 
 def _stamp_key(box: Sandbox, files: dict[str, str]) -> str:
     h = hashlib.sha256()
+    args = " ".join(box.bwrap_args() if box.mode == "bwrap" else box.hidden.__repr__())
+    if box.code_root is not None:  # a fresh folder each run: its contents count, not its name
+        args = args.replace(str(box.code_root), "CODE")
+        for f in sorted(box.code_root.rglob("*.py")):
+            h.update(f.read_bytes())
     for part in (box.mode, sys.executable, sys.version, str(box.uids[:1]), str(box.memory_bytes),
-                 str(box.max_processes), " ".join(box.bwrap_args() if box.mode == "bwrap" else box.hidden.__repr__())):
+                 str(box.max_processes), args):
         h.update(part.encode() + b"\0")
     for p in (Path(sys.executable), Path(__file__).with_name("grade_worker.py")):
         try:
@@ -403,9 +737,14 @@ def preflight(box: Sandbox, files: dict[str, str], imports: list[str], stamp: Pa
     workdir = (f"{box.workdir_base()}/preflight" if box.workdir_base() else tempfile.mkdtemp(prefix="tito-preflight-"))
     payload = json.dumps({"notebook": nbformat.writes(nb), "files": files, "workdir": workdir,
                           "deadline_s": timeout, "cell_timeout_s": timeout})
+    if box.code_root is not None:
+        cmd, env = box.isolated("tito.grade_worker"), {k: v for k, v in box.env().items() if not k.startswith("PYTHON")}
+        cwd = str(box.code_root)
+    else:
+        cmd, env, cwd = box.command(sys.executable, workdir), box.env(), tempfile.gettempdir()
     try:
-        proc = subprocess.run(box.command(sys.executable, workdir), input=payload.encode(), capture_output=True,
-                              env=box.env(), cwd=tempfile.gettempdir(), preexec_fn=box.preexec(), timeout=timeout + 30)
+        proc = subprocess.run(cmd, input=payload.encode(), capture_output=True, env=env, cwd=cwd,
+                              preexec_fn=box.preexec(), timeout=timeout + 30)
     except subprocess.TimeoutExpired:
         raise CourseError(diagnose(box, f"no answer within {timeout + 30:g} s")) from None
     except OSError as e:
@@ -427,7 +766,31 @@ def preflight(box: Sandbox, files: dict[str, str], imports: list[str], stamp: Pa
         e = errors[0]
         raise CourseError(f"sandbox {box.mode}: the course package does not import in the grading kernel "
                           f"({e.get('ename')}: {e.get('evalue')}): run `tito test` on the prerequisite modules")
+    if box.code_root is not None:
+        _preflight_probe_runner(box, timeout)
     if stamp is not None:
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text(key + "\n")
     return time.monotonic() - t0
+
+
+def _preflight_probe_runner(box: Sandbox, timeout: float) -> None:
+    """The probe runner starts in the sandbox and imports what it needs (it answers `ready`)."""
+    base = "/tmp" if box.mode == "bwrap" or box.private_tmp else "/dev/shm"
+    work = tempfile.mkdtemp(prefix="tito-preflight-") if box.mode == "none" else str(box.code_root)
+    env = {k: v for k, v in box.env().items() if not k.startswith("PYTHON")}
+    job = {"module": "00", "seed": 0, "package_module": "tinytorch", "mode": "replay", "files": {}}
+    try:
+        proc = subprocess.run(box.isolated("tito.probe_run", chdir=base), input=(json.dumps(job) + "\n").encode(),
+                              capture_output=True, env=env, cwd=work, preexec_fn=box.preexec(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CourseError(diagnose(box, f"the probe runner gave no answer within {timeout:g} s")) from None
+    finally:
+        if box.mode == "none":
+            shutil.rmtree(work, ignore_errors=True)
+    first = proc.stdout.decode("utf-8", "replace").splitlines()[:1]
+    if first and first[0].startswith('{"t":"fatal"'):
+        first = [json.loads(first[0]).get("why", "")[:200]]
+    if first != ['{"t":"ready"}']:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise CourseError(diagnose(box, f"the probe runner did not start ({(err or first or ['no output'])[-1][:200]})"))

@@ -1,6 +1,6 @@
-"""Probes of module 01 (tensor): see tito/probes/__init__.py. Every probe after 1.2 builds its inputs with the
-reference `Tensor.__init__` (and 1.3, 1.4, 1.8 use the reference `broadcast_shape`), so a bug there is charged
-to 1.1 / 1.2 only."""
+"""Probes of module 01 (tensor): see tito/probes/__init__.py. Every probe after 1.2 replays the reference's
+recorded outcomes of `Tensor.__init__` (and 1.3, 1.4, 1.8 of `broadcast_shape`), so a bug there is charged to
+1.1 / 1.2 only."""
 import numpy as np
 
 from . import probe
@@ -57,7 +57,7 @@ def tensor_init(rng, rec):
     rec.call("int_grad", Tensor, [1, 2], requires_grad=True)
 
 
-@probe("1.3", uses=INIT + ("broadcast_shape",))
+@probe("1.3", replay=INIT + ("broadcast_shape",))
 def elementwise(rng, rec):
     from tinytorch.core.tensor import Tensor
 
@@ -73,7 +73,7 @@ def elementwise(rng, rec):
         rec.call(k, fn)
 
 
-@probe("1.4", uses=INIT + ("broadcast_shape",))
+@probe("1.4", replay=INIT + ("broadcast_shape",))
 def matmul(rng, rec):
     from tinytorch.core.tensor import Tensor
 
@@ -85,7 +85,7 @@ def matmul(rng, rec):
     rec.call("op", lambda: x @ Tensor(f32(rng, 3, 2)))
 
 
-@probe("1.5", uses=INIT)
+@probe("1.5", replay=INIT)
 def reduce(rng, rec):
     from tinytorch.core.tensor import Tensor
 
@@ -100,7 +100,7 @@ def reduce(rng, rec):
     rec.call("bad_axis", lambda: x.sum(axis=3))
 
 
-@probe("1.6", uses=INIT)
+@probe("1.6", replay=INIT)
 def views(rng, rec):
     from tinytorch.core.tensor import Tensor
 
@@ -115,7 +115,7 @@ def views(rng, rec):
     rec.call("tbad", lambda: x.transpose(0, 5))
 
 
-@probe("1.7", uses=INIT)
+@probe("1.7", replay=INIT)
 def unary(rng, rec):
     from tinytorch.core.tensor import Tensor
 
@@ -125,7 +125,7 @@ def unary(rng, rec):
     rec.call("int_exp", lambda: Tensor(np.arange(4)).exp())
 
 
-@probe("1.8", uses=INIT + ("broadcast_shape",))
+@probe("1.8", replay=INIT + ("broadcast_shape",))
 def combine(rng, rec):
     from tinytorch.core.tensor import Tensor, concatenate, stack, where
 

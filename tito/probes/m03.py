@@ -1,8 +1,8 @@
 """Probes of module 03 (layers): see tito/probes/__init__.py.
 
-Substitutes (one bug charged once): 3.2 and 3.3 walk the tree with the reference `named_children`;
-3.5 draws with the reference initializers; 3.6 and 3.8 build their layers with the reference
-`Linear.__init__` (and 3.8 runs the reference `Linear.forward`)."""
+Replayed (one bug charged once): 3.2 and 3.3 walk the tree with the reference's recorded outcomes of
+`named_children`; 3.5 draws with the initializers'; 3.6 and 3.8 build their layers with `Linear.__init__`'s
+(and 3.8 calls `Linear.forward`, whose results join the autograd graph: the student's own code runs it)."""
 import numpy as np
 
 from . import probe
@@ -50,7 +50,7 @@ def named_children(rng, rec):
     rec["is_generator"] = hasattr(net.named_children(), "__next__")
 
 
-@probe("3.2", uses=("Module.named_children",))
+@probe("3.2", replay=("Module.named_children",))
 def named_parameters(rng, rec):
     net = _tree()
     known = [net.p, net.first.w, net.blocks[0].w, net.blocks[2].w, net.pair[1].w]
@@ -59,7 +59,7 @@ def named_parameters(rng, rec):
     rec.call("list", lambda: [next((i for i, k in enumerate(known) if k is p), -1) for p in net.parameters()])
 
 
-@probe("3.3", uses=("Module.named_children",))
+@probe("3.3", replay=("Module.named_children",))
 def train(rng, rec):
     net = _tree()
     mods = [net, net.first, net.blocks[0], net.blocks[2], net.pair[1]]
@@ -120,7 +120,7 @@ def inits(rng, rec):
     rec.call("conv", kaiming_normal, (64, 3, 5, 5), rng=int(rng.integers(0, 2 ** 31)))
 
 
-@probe("3.5", uses=INITS)
+@probe("3.5", replay=INITS)
 def linear_init(rng, rec):
     from tinytorch.core.layers import Linear
 
@@ -138,7 +138,7 @@ def linear_init(rng, rec):
     rec.call("badinit", Linear, 3, 2, init="orthogonal")
 
 
-@probe("3.6", uses=INITS + ("Linear.__init__",))
+@probe("3.6", replay=INITS + ("Linear.__init__",))
 def linear_forward(rng, rec):
     from tinytorch.core.layers import Linear
     from tinytorch.core.tensor import Tensor
@@ -203,7 +203,7 @@ def dropout(rng, rec):
     rec.call("bool_p", Dropout, True)
 
 
-@probe("3.8", uses=INITS + ("Linear.__init__", "Linear.forward"))
+@probe("3.8", replay=INITS + ("Linear.__init__", "Linear.forward"))
 def sequential(rng, rec):
     from tinytorch.core.layers import Linear, Sequential
     from tinytorch.core.tensor import Tensor

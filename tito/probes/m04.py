@@ -1,5 +1,5 @@
-"""Probes of module 04 (losses): see tito/probes/__init__.py. The losses are checked with the reference
-`log_sum_exp` where they may call it (4.3), so a bug there is charged to 4.1 only."""
+"""Probes of module 04 (losses): see tito/probes/__init__.py. The losses replay the reference's recorded
+outcomes of `log_sum_exp` where they call it (4.3), so a bug there is charged to 4.1 only."""
 import numpy as np
 
 from . import probe
@@ -33,7 +33,7 @@ def mse(rng, rec):
     rec.call("bcast", MSELoss(), Tensor(p[:, :1]), Tensor(t[:, 0]))
 
 
-@probe("4.3", uses=("log_sum_exp",))
+@probe("4.3", replay=("log_sum_exp",))
 def cross_entropy(rng, rec):
     from tinytorch.core.losses import CrossEntropyLoss
     from tinytorch.core.tensor import Tensor

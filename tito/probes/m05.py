@@ -1,6 +1,6 @@
-"""Probes of module 05 (dataloader): see tito/probes/__init__.py. Probes after 5.1 build their datasets with the
-reference `TensorDataset.__init__` (and 5.4 fetches with the reference `get_batch` and batch order), so a bug is
-charged to its own exercise."""
+"""Probes of module 05 (dataloader): see tito/probes/__init__.py. Probes after 5.1 replay the reference's
+recorded outcomes of `TensorDataset.__init__` (and 5.4 of `get_batch` and the batch order), so a bug is charged
+to its own exercise."""
 import numpy as np
 
 from . import probe
@@ -30,7 +30,7 @@ def tensor_dataset(rng, rec):
         rec.call("one_item", lambda: one[1])
 
 
-@probe("5.2", uses=DS)
+@probe("5.2", replay=DS)
 def get_batch(rng, rec):
     from tinytorch.data.loader import TensorDataset
 
@@ -81,7 +81,7 @@ def _batch_check(values, ref):
     return ""
 
 
-@probe("5.3", uses=DS, check=_batch_check)
+@probe("5.3", replay=DS, check=_batch_check)
 def batch_indices(rng, rec):
     from tinytorch.data.loader import DataLoader, TensorDataset
 
@@ -96,7 +96,7 @@ def batch_indices(rng, rec):
         rec.call(key, _epochs, DataLoader(ds, batch_size=5, shuffle=True, drop_last=True, seed=seed))
 
 
-@probe("5.4", uses=DS + ("TensorDataset.get_batch", "DataLoader.__len__", "DataLoader.batch_indices"))
+@probe("5.4", replay=DS + ("TensorDataset.get_batch", "DataLoader.__len__", "DataLoader.batch_indices"))
 def iterate(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.data.loader import DataLoader, TensorDataset

@@ -1,12 +1,14 @@
 """Probes of module 06 (autograd): see tito/probes/__init__.py.
 
 Each backward rule is called directly on a node recorded by the reference forward ops of modules
-01-04, with a random upstream gradient; its gradients are summed to their inputs' shapes here (so a
-rule may leave broadcasting to the traversal, as the contract allows). The traversal (6.4) runs with
-the reference rules and `unbroadcast`, so a bug in a rule is charged to the rule's exercise only."""
+01-04, with a random upstream gradient; the probe records the gradients as the rule returns them and
+the shapes of the node's inputs, and the trusted check (`_rules_check`, never in the sandbox) sums
+both sides' gradients to those shapes before comparing them (a rule may leave broadcasting to the
+traversal, as the contract allows). The traversal (6.4) replays the reference's recorded outcomes of
+the rules and of `unbroadcast`, so a bug in a rule is charged to the rule's exercise only."""
 import numpy as np
 
-from . import probe
+from . import Probe, Seq, compare, probe
 
 
 def _to_shape(g, shape):
@@ -19,6 +21,40 @@ def _to_shape(g, shape):
     if g.shape != tuple(shape):
         raise ValueError(f"a gradient of shape {g.shape} for an input of shape {tuple(shape)}")
     return g
+
+
+def _summed(v):
+    """A rule's recorded [grads..., shapes] with each gradient summed to its input's shape (trusted side)."""
+    from . import Arr
+
+    if not isinstance(v, Seq) or not v.items or not isinstance(v.items[-1], Seq):
+        return v
+    *grads, shapes = v.items
+    out = []
+    for gr, shape in zip(grads, shapes.items):
+        if isinstance(gr, Arr) and isinstance(shape, Seq):
+            try:
+                out.append(Arr(_to_shape(gr.a, tuple(int(s) for s in shape.items)), "ndarray"))
+            except (ValueError, TypeError) as e:
+                out.append(f"not summable to the input's shape ({e})")
+        else:
+            out.append(gr)
+    if len(grads) != len(shapes.items):
+        out.append(f"{len(grads)} gradients for {len(shapes.items)} inputs")
+    return Seq("list", out)
+
+
+def _rules_check(got, want):
+    p = Probe("6.x", "06", None)
+    for key in want:
+        mine = _summed(got.get(key))
+        bad = [x for x in (mine.items if isinstance(mine, Seq) else []) if isinstance(x, str)]
+        if bad and isinstance(want[key], Seq):
+            return f"{key}: your rule's gradients: {bad[0]}"
+        why = compare(mine, _summed(want[key]), p, key)
+        if why:
+            return why
+    return ""
 
 
 def _array(g):
@@ -35,16 +71,16 @@ def leaf(rng, *shape, positive=False):
 
 
 def rule(rec, key, name, out, rng):
-    """Record `name(grad, out.grad_fn)`: one gradient per input, summed to the input's shape (None stays None)."""
+    """Record `name(grad, out.grad_fn)`: the gradients as returned (None stays None) and the inputs' shapes."""
     import tinytorch.core.autograd as A
 
     node = out.grad_fn
     g = rng.standard_normal(out.shape).astype(out.dtype)
+    shapes = [None if inp is None else list(inp.shape) for inp in node.inputs]
 
     def run():
         grads = tuple(getattr(A, name)(g, node))
-        return [None if gr is None or inp is None else _to_shape(_array(gr), inp.shape)
-                for gr, inp in zip(grads, node.inputs)] + ([len(grads)] if len(grads) != len(node.inputs) else [])
+        return [None if gr is None else np.asarray(_array(gr)) for gr in grads] + [shapes]
     rec.call(key, run)
 
 
@@ -69,7 +105,7 @@ def unbroadcast(rng, rec):
     rec["same_is_grad"] = (lambda r: r is g)(ub(g, (3, 4)))
 
 
-@probe("6.3")
+@probe("6.3", check=_rules_check)
 def arithmetic(rng, rec):
     a, b, p = leaf(rng, 3, 4), leaf(rng, 4), leaf(rng, 3, 4, positive=True)
     rule(rec, "sub", "sub_backward", a - b, rng)
@@ -89,7 +125,7 @@ RULES = ("unbroadcast", "sub_backward", "mul_backward", "div_backward", "pow_bac
          "sum_backward", "mean_backward", "exp_backward", "tanh_backward", "getitem_backward", "reshape_backward")
 
 
-@probe("6.4", uses=RULES)
+@probe("6.4", replay=RULES)
 def traversal(rng, rec):
     from tinytorch.core.autograd import backward
     from tinytorch.core.tensor import Tensor
@@ -125,7 +161,7 @@ def traversal(rng, rec):
     # a long chain: iterative, not recursive
     c = leaf(rng, 4)
     z = c
-    for _ in range(20000):
+    for _ in range(3000):  # past Python's default recursion limit (1000): a recursive walk fails here
         z = z * 1.0
     rec.call("chain", backward, z.sum())
     rec["chain_grad"] = c.grad
@@ -135,7 +171,7 @@ def traversal(rng, rec):
     rec["same_rank_grad"] = p.grad
 
 
-@probe("6.5")
+@probe("6.5", check=_rules_check)
 def matmul(rng, rec):
     for key, sa, sb in (("2d", (3, 4), (4, 5)), ("batch", (2, 3, 4), (2, 4, 5)), ("bcast", (2, 1, 3, 4), (5, 4, 2)),
                         ("bcast_b", (3, 4), (6, 4, 2)), ("mv", (3, 4), (4,)), ("vm", (4,), (4, 2)), ("dot", (4,), (4,)),
@@ -143,7 +179,7 @@ def matmul(rng, rec):
         rule(rec, key, "matmul_backward", leaf(rng, *sa) @ leaf(rng, *sb), rng)
 
 
-@probe("6.6")
+@probe("6.6", check=_rules_check)
 def reductions(rng, rec):
     x = leaf(rng, 2, 3, 4)
     for name in ("sum", "mean", "max", "var"):
@@ -152,7 +188,7 @@ def reductions(rng, rec):
                 rule(rec, f"{name}_{axis}_{keep}", f"{name}_backward", getattr(x, name)(axis=axis, keepdims=keep), rng)
 
 
-@probe("6.7")
+@probe("6.7", check=_rules_check)
 def views(rng, rec):
     from tinytorch.core.tensor import concatenate
 
@@ -168,7 +204,7 @@ def views(rng, rec):
     rule(rec, "cat2", "concatenate_backward", concatenate([x, leaf(rng, 2, 3, 2), x], axis=-1), rng)
 
 
-@probe("6.8")
+@probe("6.8", check=_rules_check)
 def elementwise(rng, rec):
     from tinytorch.core.tensor import where
 
@@ -183,7 +219,7 @@ def elementwise(rng, rec):
     rule(rec, "where_const", "where_backward", where(Tensor(cond), x, 0.0), rng)
 
 
-@probe("6.9")
+@probe("6.9", check=_rules_check)
 def activations(rng, rec):
     import tinytorch.core.activations as A
 
@@ -198,7 +234,7 @@ def activations(rng, rec):
     rule(rec, "softmax_big", "softmax_backward", A.Softmax()(big), rng)
 
 
-@probe("6.10")
+@probe("6.10", check=_rules_check)
 def losses(rng, rec):
     from tinytorch.core.losses import CrossEntropyLoss, MSELoss
     from tinytorch.core.tensor import Tensor

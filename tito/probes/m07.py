@@ -1,6 +1,6 @@
 """Probes of module 07 (optimizers): see tito/probes/__init__.py. Gradients are set by hand (no autograd);
-7.2-7.5 build their optimizers with the reference `Optimizer.__init__`, 7.2 steps with the reference `SGD.step`
-and `Adam.step`, and 7.5 (AdamW) with the reference `Adam.step`, so each bug is charged to its exercise."""
+7.2-7.5 replay the reference's recorded outcomes of `Optimizer.__init__`, 7.2 of `SGD.step` and `Adam.step`, and
+7.5 (AdamW) of `Adam.step`, so each bug is charged to its exercise."""
 import numpy as np
 
 from . import probe
@@ -62,7 +62,7 @@ def base(rng, rec):
     rec.call("e_dup", Optimizer, [ps[0], ps[1], ps[0]], lr=0.1)
 
 
-@probe("7.2", uses=INIT + ("SGD.step", "Adam.step"))
+@probe("7.2", replay=INIT + ("SGD.step", "Adam.step"))
 def state_dict(rng, rec):
     from tinytorch.core.optimizers import SGD, Adam
 
@@ -102,7 +102,7 @@ def state_dict(rng, rec):
         json.dumps(0)
 
 
-@probe("7.3", uses=INIT)
+@probe("7.3", replay=INIT)
 def sgd(rng, rec):
     from tinytorch.core.optimizers import SGD
 
@@ -112,7 +112,7 @@ def sgd(rng, rec):
         rec.call(key, _trajectory, rng, SGD(ps, lr=0.05, **kw), ps, 4, 1)
 
 
-@probe("7.4", uses=INIT)
+@probe("7.4", replay=INIT)
 def adam(rng, rec):
     from tinytorch.core.optimizers import Adam
 
@@ -122,7 +122,7 @@ def adam(rng, rec):
         rec.call(key, _trajectory, rng, Adam(ps, **kw), ps, 5, 1)
 
 
-@probe("7.5", uses=INIT + ("Adam.step",))
+@probe("7.5", replay=INIT + ("Adam.step",))
 def adamw(rng, rec):
     from tinytorch.core.optimizers import AdamW
 

@@ -1,6 +1,6 @@
-"""Probes of module 08 (training): see tito/probes/__init__.py. 8.4 trains with the reference
-`clip_grad_norm_`; 8.6 loads files written by the reference `save_checkpoint`, so each bug is charged once.
-Models, losses and optimizers come from modules 03-07 (the reference, prerequisites of 08)."""
+"""Probes of module 08 (training): see tito/probes/__init__.py. 8.4 replays the reference's recorded outcomes of
+`clip_grad_norm_`; 8.6 loads the files the reference's `save_checkpoint` wrote (replayed as data), so each bug is
+charged once. Models, losses and optimizers come from modules 03-07 (the reference, prerequisites of 08)."""
 import os
 
 import numpy as np
@@ -98,7 +98,7 @@ def evaluate(rng, rec):
     rec["mode_after_error"] = bool(model.training)
 
 
-@probe("8.4", uses=("clip_grad_norm_",))
+@probe("8.4", replay=("clip_grad_norm_",))
 def trainer(rng, rec):
     from tinytorch.core.losses import CrossEntropyLoss
     from tinytorch.core.optimizers import SGD, Adam
@@ -172,7 +172,7 @@ def save(rng, rec):
     rec["left_over"] = sorted(os.listdir(os.path.dirname(path)))
 
 
-@probe("8.6", uses=("save_checkpoint",))
+@probe("8.6", replay=("save_checkpoint",))
 def load(rng, rec):
     from tinytorch.core.layers import Linear
     from tinytorch.core.optimizers import SGD, Adam

@@ -1,8 +1,7 @@
 """Probes of module 09 (convolutions): see tito/probes/__init__.py. Gradients come from the reference
-traversal of module 06 (`loss.backward()` over a random upstream gradient). Substitutes (one bug charged
-once): 9.3 runs the reference `im2col`/`conv2d_forward`; 9.4 the reference im2col, conv2d_forward, col2im and
-Conv2dFunction.backward (it checks the layer); 9.7's backward check uses the reference BatchNorm2d.forward
-where the forward is not what is checked."""
+traversal of module 06 (`loss.backward()` over a random upstream gradient). Replayed (one bug charged once):
+9.3 the reference's recorded outcomes of `im2col`/`conv2d_forward`; 9.4 also of `col2im` and
+`Conv2dFunction.backward` (it checks the layer)."""
 import numpy as np
 
 from . import probe
@@ -57,7 +56,7 @@ def im2col(rng, rec):
     rec["products"] = products
 
 
-@probe("9.3", uses=CONV)
+@probe("9.3", replay=CONV)
 def conv_backward(rng, rec):
     from tinytorch.core.spatial import Conv2dFunction, col2im, im2col as i2c
     from tinytorch.core.tensor import Tensor
@@ -72,7 +71,7 @@ def conv_backward(rng, rec):
     rec.call("first_layer", lambda: grads(rng, Conv2dFunction.apply(x, w, None, padding=1), x, w))
 
 
-@probe("9.4", uses=CONV + ("col2im", "Conv2dFunction.backward"))
+@probe("9.4", replay=CONV + ("col2im", "Conv2dFunction.backward"))
 def conv_layer(rng, rec):
     from tinytorch.core.spatial import Conv2d
     from tinytorch.core.tensor import Tensor

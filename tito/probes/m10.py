@@ -1,5 +1,5 @@
-"""Probes of module 10 (tokenization): see tito/probes/__init__.py. 10.4-10.6 run with the reference
-`count_pairs` and `merge_pair` (the issue's one-character `merge_pair` bug is then charged to 10.3 only)."""
+"""Probes of module 10 (tokenization): see tito/probes/__init__.py. 10.4-10.6 replay the reference's recorded
+outcomes of `count_pairs` and `merge_pair` (the issue's one-character `merge_pair` bug is then charged to 10.3 only)."""
 import numpy as np
 
 from . import probe
@@ -63,7 +63,7 @@ def merge_pair(rng, rec):
     rec.call("tuple_in", lambda: list(mp((1, 2, 1, 2), (1, 2), 5)))
 
 
-@probe("10.4", uses=PAIRS)
+@probe("10.4", replay=PAIRS)
 def train_naive(rng, rec):
     from tinytorch.text.tokenizers import train_merges_naive
 
@@ -84,7 +84,7 @@ def _tokenizer():
     return tok
 
 
-@probe("10.5", uses=PAIRS)
+@probe("10.5", replay=PAIRS)
 def decode(rng, rec):
     tok = _tokenizer()
     ids = [int(i) for i in rng.integers(0, 256 + 40, size=25)]
@@ -96,7 +96,7 @@ def decode(rng, rec):
     rec.call("bad_id", tok.decode, [10 ** 6])
 
 
-@probe("10.6", uses=PAIRS)
+@probe("10.6", replay=PAIRS)
 def encode_chunk(rng, rec):
     tok = _tokenizer()
     for i, piece in enumerate(TEXT.split()[:12] + [" the", " dog", "🙂🙂", "東京"]):

@@ -1,5 +1,5 @@
-"""Probes of module 11 (embeddings): see tito/probes/__init__.py. 11.2 (the scatter-add backward) runs the
-reference `EmbeddingLookup.forward`; 11.5 (the sparse gradient) needs nothing else."""
+"""Probes of module 11 (embeddings): see tito/probes/__init__.py. 11.2 (the scatter-add backward) replays the
+reference's recorded outcomes of `EmbeddingLookup.forward`; 11.5 (the sparse gradient) needs nothing else."""
 import numpy as np
 
 from . import probe
@@ -34,7 +34,7 @@ def lookup_forward(rng, rec):
     rec.call("apply_f64", EmbeddingLookup.apply, Tensor(rng.standard_normal((4, 2)), dtype=np.float64), np.array([3, 0, 3]))
 
 
-@probe("11.2", uses=("EmbeddingLookup.forward",))
+@probe("11.2", replay=("EmbeddingLookup.forward",))
 def lookup_backward(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.text.embeddings import Embedding

@@ -1,6 +1,7 @@
-"""Probes of module 12 (attention): see tito/probes/__init__.py. Substitutes (one bug charged once): 12.4 runs
-the reference `MaskedSoftmax.forward`; 12.5 the reference scores, mask and softmax; 12.7 also the reference
-`scaled_dot_product_attention`, `split_heads` and `merge_heads`."""
+"""Probes of module 12 (attention): see tito/probes/__init__.py. Replayed (one bug charged once): 12.4 the
+reference's recorded outcomes of `MaskedSoftmax.forward`; 12.5 of the mask and the softmax (the scores join the
+autograd graph: the student's own `attention_scores` runs); 12.7 also of `scaled_dot_product_attention`,
+`split_heads` and `merge_heads` where their results can be given back."""
 import numpy as np
 
 from . import probe
@@ -80,7 +81,7 @@ def softmax_forward(rng, rec):
     rec.call("strict_all_masked", strict, f32(rng, 2, 3), np.ones((2, 3), dtype=bool))
 
 
-@probe("12.4", uses=("MaskedSoftmax.forward",))
+@probe("12.4", replay=("MaskedSoftmax.forward",))
 def softmax_backward(rng, rec):
     from tinytorch.core.attention import MaskedSoftmax
     from tinytorch.core.tensor import Tensor
@@ -94,7 +95,7 @@ def softmax_backward(rng, rec):
     rec.call("bcast_mask", lambda: _grads(rng, MaskedSoftmax.apply(s3, rng.random((1, 5)) < 0.4), s3))
 
 
-@probe("12.5", uses=PARTS)
+@probe("12.5", replay=PARTS)
 def sdpa(rng, rec):
     from tinytorch.core.attention import scaled_dot_product_attention as attn
     from tinytorch.core.tensor import Tensor
@@ -147,7 +148,7 @@ def heads(rng, rec):
     rec.call("split_grads", lambda: _grads(rng, m3.split_heads(x3), x3))
 
 
-@probe("12.7", uses=PARTS + ("scaled_dot_product_attention", "MultiHeadAttention.split_heads",
+@probe("12.7", replay=PARTS + ("scaled_dot_product_attention", "MultiHeadAttention.split_heads",
                              "MultiHeadAttention.merge_heads"))
 def mha(rng, rec):
     from tinytorch.core.attention import ConcatCache, MultiHeadAttention

@@ -1,7 +1,7 @@
-"""Probes of module 13 (transformers): see tito/probes/__init__.py. Substitutes (one bug charged once): 13.2
-runs the reference LayerNormFunction.forward; 13.3 the reference LayerNormFunction; 13.5 also the reference
-TransformerBlock.forward; 13.6 also the reference GPT.forward and sample_next. 13.4 (sampling) is checked
-statistically here, in the trusted process."""
+"""Probes of module 13 (transformers): see tito/probes/__init__.py. Replayed (one bug charged once): 13.2 the
+reference's recorded outcomes of `LayerNormFunction.forward`; 13.3 of `LayerNormFunction`; 13.5 also of
+`TransformerBlock.forward`; 13.6 also of `GPT.forward` and `sample_next` (where their results can be given back).
+13.4 (sampling) is checked statistically in the trusted process."""
 import numpy as np
 
 from . import probe
@@ -39,7 +39,7 @@ def layernorm(rng, rec):
     rec.call("big_mean", lambda: LayerNorm(5)(Tensor(f32(rng, 4, 5) + 1000.0)))
 
 
-@probe("13.2", uses=("LayerNormFunction.forward",), rtol=1e-3, atol=1e-5)
+@probe("13.2", replay=("LayerNormFunction.forward",), rtol=1e-3, atol=1e-5)
 def layernorm_backward(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.models.gpt import LayerNorm
@@ -63,7 +63,7 @@ def _block(rng, dropout=0.0):
     return TransformerBlock(8, 2, dropout=dropout, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("13.3", uses=LN)
+@probe("13.3", replay=LN)
 def block(rng, rec):
     from tinytorch.core.attention import ConcatCache
     from tinytorch.core.autograd import no_grad
@@ -165,7 +165,7 @@ def _gpt(rng, vocab=11, ctx=8):
     return GPT(vocab, ctx, 16, 2, 2, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("13.5", uses=LN + ("TransformerBlock.forward",), rtol=1e-3, atol=1e-5)
+@probe("13.5", replay=LN + ("TransformerBlock.forward",), rtol=1e-3, atol=1e-5)
 def gpt_forward(rng, rec):
     from tinytorch.core.attention import ConcatCache
     from tinytorch.core.autograd import no_grad
@@ -195,7 +195,7 @@ def gpt_forward(rng, rec):
     rec.call("grads", lambda: _grads(rng, g(idx), g.tok_emb.weight, g.pos_emb.weight, g.ln_f.weight, g.head.weight))
 
 
-@probe("13.6", uses=LN + ("TransformerBlock.forward", "GPT.forward", "sample_next"))
+@probe("13.6", replay=LN + ("TransformerBlock.forward", "GPT.forward", "sample_next"))
 def generate(rng, rec):
     g = _gpt(rng, vocab=7, ctx=4)
     idx = rng.integers(0, 7, size=(2, 3))

@@ -46,7 +46,7 @@ def _model(rng, context=12):
                rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("18.2", uses=("KVCache.update",))
+@probe("18.2", replay=("KVCache.update",))
 def decode(rng, rec):
     from tinytorch.perf.kv_cache import generate_cached
 
@@ -99,7 +99,7 @@ def allocate(rng, rec):
     rec.call("unknown", pool.allocate, "zz", 1)
 
 
-@probe("18.4", uses=("PagedKVCache.allocate",))
+@probe("18.4", replay=("PagedKVCache.allocate",))
 def paged(rng, rec):
     pool = _pool(num_blocks=8, block_size=3, num_layers=2, num_heads=2, head_dim=4)
     for s in ("x", "y"):
