@@ -862,3 +862,18 @@ def test_a_dependency_whose_outcome_cannot_be_replayed_is_named_when_it_failed()
     got = verdicts("12", mutated(m), ["12.1", "12.5"])
     assert got["12.1"]
     assert got["12.5"].startswith("not checked on its own: it uses 12.1 (attention_scores), which failed"), got
+
+
+def test_numbers_are_compared_as_numbers_whatever_their_python_or_numpy_type():
+    """Issue 29: a Python float where the reference returned a NumPy scalar (or the reverse, or an int as a float)
+    is the same number; a 0-d array keeps its shape on the way (np.ascontiguousarray would make it 1-d)."""
+    p = P.Probe("99.1", "99", None, rtol=1e-9, atol=0.0)
+    scalar = P.Arr(np.array(np.float64(4.0 / 3.0)), "scalar")
+    assert P.compare(4.0 / 3.0, scalar, p, "x") == "" and P.compare(scalar, 4.0 / 3.0, p, "x") == ""
+    assert "your code gave 1.3" in P.compare(1.3, scalar, p, "x")
+    assert P.compare(4096.0, 4096, p, "n") == "" and "gave 4095.0" in P.compare(4095.0, 4096, p, "n")
+    assert P.compare(P.Arr(np.array(np.int64(8192)), "scalar"), 8192, p, "n") == ""
+    assert P.compare(8192, P.Arr(np.array(np.int64(8192)), "scalar"), p, "n") == ""
+    assert P.compare(True, P.Arr(np.array(1.0), "scalar"), p, "b")  # a bool is not a number here
+    back = P.array_from_json(P.array_json(np.float64(2.5))["__array__"])
+    assert back.shape == () and back == 2.5
