@@ -104,20 +104,27 @@ def test_cached_generation_is_token_identical(seed, t, new, temperature, top_k, 
 
 
 @pytest.mark.exercise("18.2", "cached_decode")
-def test_gpt_generate_use_cache_reaches_the_cache():
-    """`GPT.generate(..., use_cache=True)` (module 13's given branch) decodes through module 18: the same
-    tokens as without the cache, and one prefill then one token per forward."""
+def test_gpt_generate_with_the_cached_decoder():
+    """`GPT.generate(..., decoder=generate_cached)` (module 13's given seam: the model imports nothing of module
+    18) decodes through the cache: the same tokens as without it, one prefill then one token per forward; the
+    engine is chosen the same way (`functools.partial(generate_cached, engine="fused")`)."""
+    import functools
     model = small_model(1)
     prompt = np.random.default_rng(5).integers(0, 13, (2, 4))
     plain = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3)
     lengths = []
     hook = model.register_forward_pre_hook(lambda m, args: lengths.append(np.shape(getattr(args[0], "data", args[0]))[1]))
     try:
-        cached = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3, use_cache=True)
+        cached = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3, decoder=generate_cached)
     finally:
         hook.remove()
-    np.testing.assert_array_equal(cached, plain, err_msg="generate(use_cache=True) must give generate's tokens")
+    np.testing.assert_array_equal(cached, plain, err_msg="generate(decoder=generate_cached) must give generate's tokens")
     assert lengths == [4, 1, 1, 1, 1, 1], f"expected one prefill of 4 then 1 token per step; forward saw {lengths}"
+    fused = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3,
+                           decoder=functools.partial(generate_cached, engine="fused"))
+    np.testing.assert_array_equal(fused, plain, err_msg="generate(decoder=partial(generate_cached, engine='fused'))")
+    with pytest.raises(TypeError, match="generate: decoder must be a function like module 18's generate_cached"):
+        model.generate(prompt, 2, decoder="kv")
 
 
 @pytest.mark.exercise("18.2", "cached_decode")
@@ -548,10 +555,119 @@ def test_checkpoint_errors_are_named():
         checkpoint(lambda x: x, np.zeros(2))
 
 
-def test_checkpoint_has_its_own_package_path():
-    """`tinytorch.core.checkpoint` (exported from modules/common/checkpoint.ipynb) is module 18's checkpoint."""
-    from tinytorch.core import checkpoint as path
-    from tinytorch.perf import kv_cache
-    assert path.checkpoint is kv_cache.checkpoint and path.CheckpointFunction is kv_cache.CheckpointFunction
-    assert path.checkpoint_sequential is kv_cache.checkpoint_sequential
-    assert sorted(path.__all__) == ["CheckpointFunction", "checkpoint", "checkpoint_sequential"]
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16), shape=st.sampled_from([(3,), (2, 4), (2, 3, 5)]))
+def test_checkpoint_keeps_float64_in_forward_and_backward(seed, shape):
+    """A float64 segment is recomputed in float64 (a new Tensor made from an array would be float32):
+    the output, the input's gradient and a parameter's gradient equal the plain float64 run's to float64
+    rounding, and the gradient agrees with float64 central differences."""
+    from tinytorch.core.autograd import backward
+    from tinytorch.perf.kv_cache import checkpoint
+    from tests.support.refs import numeric_grads
+    rng = np.random.default_rng(seed)
+    x0, w0 = rng.standard_normal(shape), rng.standard_normal(shape[-1:])
+    f = lambda x, w: ((x * w).tanh() * x).sum(axis=-1)  # noqa: E731
+    runs = {}
+    for how in ("plain", "checkpoint"):
+        x = Tensor(x0, dtype=np.float64, requires_grad=True)
+        w = Tensor(w0, dtype=np.float64, requires_grad=True)
+        y = f(x, w) if how == "plain" else checkpoint(f, x, w)
+        assert y.dtype == np.float64, f"{how}: a float64 segment must give a float64 output; got {y.dtype}"
+        backward(y.sum())
+        assert x.grad.dtype == np.float64 and w.grad.dtype == np.float64, \
+            f"{how}: float64 inputs need float64 gradients; got {x.grad.dtype}, {w.grad.dtype}"
+        runs[how] = (y.data, x.grad.data, w.grad.data)
+    for name, a, c in zip(("output", "input gradient", "weight gradient"), runs["plain"], runs["checkpoint"]):
+        np.testing.assert_allclose(c, a, rtol=1e-13, atol=1e-15, err_msg=f"{name} under checkpoint vs plain, float64")
+    (gx, ok), = numeric_grads(lambda x: np.sum(np.tanh(x * w0) * x, axis=-1), [x0], np.ones(shape[:-1]))
+    np.testing.assert_allclose(runs["checkpoint"][1][ok], gx[ok], rtol=1e-7, atol=1e-9,
+                               err_msg="float64 gradient under checkpoint vs float64 central differences")
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.parametrize("placement", ["every block", "checkpoint_sequential"])
+def test_dropout_under_checkpoint_equals_the_plain_run(placement):
+    """A GPT with dropout in training mode, built twice from one seed (same weights, same generators): the
+    checkpointed step recomputes with the masks its forward drew (PyTorch's `preserve_rng_state`), so logits,
+    loss and every gradient equal the plain step's exactly, and the generators end where the plain step leaves
+    them (the recomputation draws nothing from the caller's stream)."""
+    from tinytorch.core.losses import CrossEntropyLoss
+    from tinytorch.perf.kv_cache import checkpoint, checkpoint_sequential
+    xb = np.random.default_rng(0).integers(0, 30, (3, 12))
+    yb = np.random.default_rng(1).integers(0, 30, (3, 12))
+
+    def step(checkpointed):
+        gpt = GPT(vocab_size=30, context_length=12, embed_dim=16, num_heads=2, num_layers=3, dropout=0.3, rng=0)
+        gpt.train()
+        x = gpt.drop(gpt.pos_emb(gpt.tok_emb(xb)))
+        if not checkpointed:
+            for block in gpt.blocks:
+                x = block(x)
+        elif placement == "every block":
+            for block in gpt.blocks:
+                x = checkpoint(block, x)
+        else:
+            x = checkpoint_sequential(gpt.blocks, len(gpt.blocks), x)
+        logits = gpt.head(gpt.ln_f(x))
+        loss = CrossEntropyLoss()(logits.reshape(-1, 30), yb.reshape(-1))
+        loss.backward()
+        states = [g.bit_generator.state for g in {id(d.rng): d.rng for d in gpt.modules() if hasattr(d, "rng")}.values()]
+        return [logits.data, loss.data] + [p.grad.data for p in gpt.parameters()], states
+
+    (plain, plain_states), (ckpt, ckpt_states) = step(False), step(True)
+    for i, (a, c) in enumerate(zip(plain, ckpt)):
+        np.testing.assert_array_equal(c, a, err_msg=f"{placement}: {['logits', 'loss'][i] if i < 2 else f'gradient {i - 2}'} "
+                                                    "with dropout under checkpoint vs the plain step")
+    assert ckpt_states == plain_states, "after the step the dropout generators must be where the plain step leaves them"
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+def test_preserve_rng_state_false_draws_new_masks():
+    """`preserve_rng_state=False` (as in PyTorch) recomputes with new draws: the gradients then differ from the plain
+    run's, which shows what the default prevents."""
+    from tinytorch.core.autograd import backward
+    from tinytorch.models.gpt import TransformerBlock
+    from tinytorch.perf.kv_cache import checkpoint
+    x0 = np.random.default_rng(2).standard_normal((2, 5, 16)).astype(np.float32)
+    grads = {}
+    for keep in (True, False):
+        blk = TransformerBlock(16, 4, dropout=0.5, rng=3)
+        x = Tensor(x0, requires_grad=True)
+        backward(checkpoint(blk, x, preserve_rng_state=keep).sum())
+        grads[keep] = x.grad.data
+    blk = TransformerBlock(16, 4, dropout=0.5, rng=3)
+    x = Tensor(x0, requires_grad=True)
+    backward(blk(x).sum())
+    np.testing.assert_array_equal(grads[True], x.grad.data)
+    assert not np.array_equal(grads[False], x.grad.data), "without the saved state the recomputation draws other masks"
+
+
+def test_find_generators_sees_modules_closures_defaults_and_partials():
+    import functools
+    from tinytorch.models.gpt import TransformerBlock
+    from tinytorch.perf.kv_cache import find_generators
+    a, b = TransformerBlock(8, 2, dropout=0.1, rng=0), TransformerBlock(8, 2, dropout=0.1, rng=1)
+    assert find_generators(a) == [a.drop.rng]   # one generator shared by the block's dropouts (made from one rng)
+    assert find_generators(lambda h: b(a(h))) == [b.drop.rng, a.drop.rng] or \
+        set(map(id, find_generators(lambda h: b(a(h))))) == {id(a.drop.rng), id(b.drop.rng)}
+    assert find_generators(lambda h, run=[a]: run[0](h)) == [a.drop.rng]
+    assert find_generators(functools.partial(lambda m, h: m(h), b)) == [b.drop.rng]
+    assert find_generators(a.forward) == [a.drop.rng]
+    assert find_generators(abs) == []
+
+
+def test_layers_import_nothing_from_the_tools_that_optimize_them():
+    """`core/` imports nothing from `perf/`, and the model (module 13) imports none of the tools that optimize it:
+    module 18's cache reaches `generate` as an argument (`decoder=`), not by an import."""
+    import ast
+    from pathlib import Path
+    import tinytorch
+    root = Path(tinytorch.__file__).parent
+    bad = []
+    for path in [*sorted((root / "core").glob("*.py")), root / "models" / "gpt.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [("." * node.level) + (node.module or "")] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(root)}: {n}" for n in names if "perf" in n.split(".")]
+    assert not bad, f"imports of tinytorch.perf from the layers and the model: {bad}"

@@ -3,22 +3,26 @@
 # %% ../../modules/18_memoization/18_memoization.ipynb #c002
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import types
+from contextlib import contextmanager
 
 import numpy as np
 
 from ..core.activations import GELU
 from ..core.attention import causal_mask
 from ..core.autograd import Function, backward, no_grad
-from ..core.layers import as_generator, check_positive_int
+from ..core.layers import Module, as_generator, check_positive_int
 from ..core.tensor import Tensor, set_grad_enabled
 from ..models.gpt import sample_next
 from ..text.embeddings import LearnedPositionalEmbedding
 
 # %% auto #0
 __all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'FusedGPT', 'PagedKVCache',
-           'PagedLayerCache', 'CheckpointFunction', 'checkpoint', 'checkpoint_sequential']
+           'PagedLayerCache', 'find_generators', 'RNGState', 'CheckpointFunction', 'checkpoint',
+           'checkpoint_sequential']
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #kv-cache
 class KVCache:
@@ -487,41 +491,140 @@ class PagedLayerCache:
         return Tensor(kk[None]), Tensor(vv[None])
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #checkpoint
+def find_generators(fn) -> list:
+    """The `np.random.Generator`s `fn` can draw from: those of the modules it is, holds or closes over (given).
+
+    Looked for in a `Module`'s attributes (a `Dropout`'s `rng`, its child modules, lists and dicts
+    of them), a function's closure, defaults and the globals it names, a bound method's object and
+    a `functools.partial`'s function and arguments, recursively. Each generator once, in the order
+    found.
+    """
+    found, seen = [], set()
+
+    def visit(obj, depth):
+        if depth > 12 or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, np.random.Generator):
+            found.append(obj)
+        elif isinstance(obj, Module):
+            for value in vars(obj).values():
+                visit(value, depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                visit(value, depth + 1)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                visit(value, depth + 1)
+        elif isinstance(obj, functools.partial):
+            for value in (obj.func, obj.args, obj.keywords):
+                visit(value, depth + 1)
+        elif isinstance(obj, types.MethodType):
+            visit(obj.__self__, depth + 1)
+            visit(obj.__func__, depth + 1)
+        elif isinstance(obj, types.FunctionType):
+            for cell in obj.__closure__ or ():
+                try:
+                    visit(cell.cell_contents, depth + 1)
+                except ValueError:   # a cell not filled yet
+                    pass
+            for value in (obj.__defaults__ or ()) + tuple((obj.__kwdefaults__ or {}).values()):
+                visit(value, depth + 1)
+            for name in obj.__code__.co_names:
+                if name in obj.__globals__ and not isinstance(obj.__globals__[name], types.ModuleType):
+                    visit(obj.__globals__[name], depth + 1)
+        elif callable(obj) and not isinstance(obj, type) and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():   # a callable object holding modules
+                visit(value, depth + 1)
+
+    visit(fn, 0)
+    return found
+
+
+class RNGState:
+    """The states of the generators `fn` can draw from, captured now, for a recomputation to draw the
+    same numbers (given; PyTorch's `preserve_rng_state`).
+
+    `RNGState(fn)` captures; `RNGState(fn, enabled=False)` captures nothing (and restores nothing).
+    `with state.restored():` runs its body with every generator as captured, then gives each back
+    the state it had on entry, so the caller's random stream goes on as if nothing had been drawn.
+    """
+
+    def __init__(self, fn, enabled: bool = True):
+        self.states = [(g, g.bit_generator.state) for g in find_generators(fn)] if enabled else []
+
+    @contextmanager
+    def restored(self):
+        now = [(g, g.bit_generator.state) for g, _ in self.states]
+        for g, state in self.states:
+            g.bit_generator.state = state
+        try:
+            yield self
+        finally:
+            for g, state in now:
+                g.bit_generator.state = state
+
+
 class CheckpointFunction(Function):
     "Run `fn` without keeping its activations; recompute them in backward (gradient checkpointing)."
 
     @staticmethod
-    def forward(ctx, fn, *arrays):
+    def forward(ctx, fn, *arrays, preserve_rng_state: bool = True):
+        """Run `fn` on the inputs' arrays without recording a graph; save what backward needs to run it again.
+
+        TODO (Exercise 18.5, part 1): save `fn`, the arrays and the generators' states; run `fn`
+        under `no_grad` on Tensors of the arrays; return the output's array.
+
+        CONTRACT:
+        - `arrays`: the inputs' arrays (`Function.apply` unwrapped the Tensors), kept as they are
+          in `ctx.fn`, `ctx.arrays`; `ctx.rng`: an `RNGState` of `fn`, enabled by
+          `preserve_rng_state`, captured **before** `fn` runs (it must see the generators as the
+          forward found them).
+        - `fn` gets one Tensor per array, with the array's own dtype (float64 stays float64), and
+          records nothing (no graph, so no activation is kept).
+        - Returns the array of `fn`'s output Tensor.
+        EXAMPLE: `checkpoint(lambda x: x * 2, Tensor(np.ones(3), dtype=np.float64))` is a float64 `[2, 2, 2]`.
+
+        HINTS: `no_grad`; the `dtype` argument of `Tensor`.
+        """
+        ### BEGIN SOLUTION
         ctx.fn, ctx.arrays = fn, arrays
+        ctx.rng = RNGState(fn, enabled=preserve_rng_state)
         with no_grad():   # no graph inside fn: its activations are freed as soon as fn is done with them
-            out = fn(*(Tensor(a) for a in arrays))
+            out = fn(*(Tensor(a, dtype=a.dtype) for a in arrays))
         return out.data
+        ### END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
         """Recompute `fn` from the saved inputs with gradients on and backpropagate `grad` through it.
 
-        TODO (Exercise 18.5): fresh leaves, recompute, inner backward, return the inputs' gradients.
+        TODO (Exercise 18.5, part 2): fresh leaves, the same random draws, recompute, inner
+        backward, return the inputs' gradients.
 
         CONTRACT:
-        - `ctx.fn`, `ctx.arrays` (the inputs' arrays) were saved by forward;
-          `ctx.needs_input_grad` has one bool per argument of `apply`, the first for `fn`.
-        - Rebuild each input as a new Tensor on its array, `requires_grad` as `needs_input_grad` says;
-          run `fn` on them with grad mode on (whatever mode the caller is in), then run module 06's
-          `backward` from the recomputed output with `grad`: the parameters inside `fn` accumulate
-          their `.grad` there.
+        - `ctx.fn`, `ctx.arrays`, `ctx.rng` were saved by forward; `ctx.needs_input_grad` has one
+          bool per argument of `apply`, the first for `fn`.
+        - Rebuild each input as a new Tensor on its array, with its dtype, `requires_grad` as
+          `needs_input_grad` says; run `fn` on them with grad mode on (whatever mode the caller is
+          in) and with the generators as the forward found them (`ctx.rng.restored()`), then run
+          module 06's `backward` from the recomputed output with `grad`: the parameters inside `fn`
+          accumulate their `.grad` there.
         - Return one entry per argument of `apply`: None for `fn`, then each input's gradient
           array (None for an input that needs none, or that the output does not depend on).
-        EXAMPLE: `checkpoint(lambda x: (x * x).sum(), x)` gives `x.grad == 2 x`, as without it.
+        EXAMPLE: `checkpoint(lambda x: (x * x).sum(), x)` gives `x.grad == 2 x`, as without it; a
+        block with dropout in training mode gets the gradients of the plain run.
 
-        HINTS: `set_grad_enabled` (it returns the previous mode) with `try` / `finally`; module 06's
-        `backward(tensor, grad)`; a tuple with a leading None.
+        HINTS: `set_grad_enabled` returns the mode it replaces; `try` / `finally`; a `with`
+        statement; module 06's `backward(tensor, grad)`.
         """
         ### BEGIN SOLUTION
-        xs = [Tensor(a, requires_grad=bool(need)) for a, need in zip(ctx.arrays, ctx.needs_input_grad[1:])]
-        previous = set_grad_enabled(True)   # it returns the mode it replaces
+        xs = [Tensor(a, dtype=a.dtype, requires_grad=bool(need))
+              for a, need in zip(ctx.arrays, ctx.needs_input_grad[1:])]
+        previous = set_grad_enabled(True)
         try:
-            out = ctx.fn(*xs)
+            with ctx.rng.restored():
+                out = ctx.fn(*xs)
         finally:
             set_grad_enabled(previous)
         backward(out, grad)
@@ -529,20 +632,22 @@ class CheckpointFunction(Function):
         ### END SOLUTION
 
 
-def checkpoint(fn, *inputs) -> Tensor:
+def checkpoint(fn, *inputs, preserve_rng_state: bool = True) -> Tensor:
     """`fn(*inputs)` without keeping the activations inside `fn`: they are recomputed in backward.
 
     `inputs` are Tensors (at least one requiring a gradient, or nothing is recorded); `fn` returns
-    one Tensor and must be deterministic (no active dropout). Gradients equal those of `fn(*inputs)`.
+    one Tensor. Gradients equal those of `fn(*inputs)`, in the inputs' precision; with
+    `preserve_rng_state=True` (PyTorch's default too) the recomputation draws the forward's random
+    numbers, so dropout in training mode drops the same units twice.
     """
     if not callable(fn):
         raise TypeError(f"checkpoint: fn must be callable (a block or a function); got {type(fn).__name__}")
     if not inputs or not all(isinstance(x, Tensor) for x in inputs):
         raise TypeError(f"checkpoint: inputs must be one or more Tensors; got {[type(x).__name__ for x in inputs]}")
-    return CheckpointFunction.apply(fn, *inputs)
+    return CheckpointFunction.apply(fn, *inputs, preserve_rng_state=bool(preserve_rng_state))
 
 
-def checkpoint_sequential(functions, segments: int, x: Tensor) -> Tensor:
+def checkpoint_sequential(functions, segments: int, x: Tensor, preserve_rng_state: bool = True) -> Tensor:
     """Run `functions` (callables, e.g. a model's blocks) one after another on `x`, checkpointed in `segments` runs.
 
     As PyTorch's `torch.utils.checkpoint.checkpoint_sequential`: the functions are split into
@@ -561,7 +666,8 @@ def checkpoint_sequential(functions, segments: int, x: Tensor) -> Tensor:
                          f"of functions); got {segments!r}")
     size = len(functions) // segments
     for start in range(0, size * (segments - 1), size):
-        x = checkpoint(lambda h, run=functions[start:start + size]: _run_all(run, h), x)
+        x = checkpoint(lambda h, run=functions[start:start + size]: _run_all(run, h), x,
+                       preserve_rng_state=preserve_rng_state)
     return _run_all(functions[size * (segments - 1):], x)
 
 
@@ -569,3 +675,4 @@ def _run_all(functions, x):
     for f in functions:
         x = f(x)
     return x
+
