@@ -25,7 +25,8 @@ from tinytorch.core.attention import scaled_dot_product_attention
 from tinytorch.core.autograd import no_grad
 from tinytorch.core.tensor import Tensor
 from tinytorch.models.gpt import GPT
-from tinytorch.perf.kv_cache import (FusedGPT, KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
+from tinytorch.perf.fused import FusedGPT
+from tinytorch.perf.kv_cache import (KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
                                      make_caches)
 from tests.support.refs import torch_or_none
 
@@ -490,7 +491,7 @@ def _counted(fns):
     return [wrap(i, f) for i, f in enumerate(fns)], calls
 
 
-@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.exercise("18.6", "checkpoint_sequential")
 @pytest.mark.parametrize("n, segments", [(4, 4), (4, 2), (5, 2), (3, 1), (7, 3)])
 def test_checkpoint_sequential_recomputes_all_runs_but_the_last_as_pytorch_does(n, segments):
     """Gradients equal the plain chain's exactly; which functions run twice is what
@@ -536,6 +537,7 @@ def _small_block(seed):
     return TransformerBlock(16, 4, rng=seed)
 
 
+@pytest.mark.exercise("18.6", "checkpoint_sequential")
 def test_checkpoint_sequential_errors_are_named():
     from tinytorch.perf.kv_cache import checkpoint_sequential
     x = Tensor(np.zeros((2, 3)), requires_grad=True)
@@ -585,7 +587,7 @@ def test_checkpoint_keeps_float64_in_forward_and_backward(seed, shape):
                                err_msg="float64 gradient under checkpoint vs float64 central differences")
 
 
-@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.exercise("18.5", "RNGState.restored")
 @pytest.mark.parametrize("placement", ["every block", "checkpoint_sequential"])
 def test_dropout_under_checkpoint_equals_the_plain_run(placement):
     """A GPT with dropout in training mode, built twice from one seed (same weights, same generators): the
@@ -622,7 +624,7 @@ def test_dropout_under_checkpoint_equals_the_plain_run(placement):
     assert ckpt_states == plain_states, "after the step the dropout generators must be where the plain step leaves them"
 
 
-@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.exercise("18.5", "RNGState.restored")
 def test_preserve_rng_state_false_draws_new_masks():
     """`preserve_rng_state=False` (as in PyTorch) recomputes with new draws: the gradients then differ from the plain
     run's, which shows what the default prevents."""

@@ -131,7 +131,8 @@ def interleave(candidates: dict, *, budget_s: float = 2.0, min_rounds: int = 3, 
     """Time every candidate in turns, one sample each per round, for about `budget_s` seconds: `{name: Timing}`.
 
     `candidates` maps a name to a function of no arguments. Each is warmed up and calibrated once
-    (a sample lasts at least `min_repeat_time`), then the rounds begin: every round takes one
+    (a sample lasts at least `min_repeat_time`; 0: one call per sample, for calls that take long
+    enough on their own), then the rounds begin: every round takes one
     sample of each candidate, starting with a different one each round, so that all of them see the
     same machine load and none is always first. Rounds continue until `budget_s` seconds (wall time)
     have passed since the first round began, at least `min_rounds` and at most `max_rounds`: a cell
@@ -149,7 +150,8 @@ def interleave(candidates: dict, *, budget_s: float = 2.0, min_rounds: int = 3, 
         fn = candidates[name]
         for _ in range(warmup):
             fn()
-        numbers[name], _ = calibrate(fn, clock=clock, min_time=min_repeat_time, max_number=1 << 20)
+        numbers[name] = 1 if min_repeat_time <= 0 else calibrate(fn, clock=clock, min_time=min_repeat_time,
+                                                                 max_number=1 << 20)[0]
     times = {name: [] for name in names}
     start, rounds = time.perf_counter(), 0
     while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
