@@ -28,6 +28,7 @@ from tinytorch.models.gpt import GPT
 from tinytorch.perf.fused import FusedGPT
 from tinytorch.perf.kv_cache import (KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
                                      make_caches)
+from tests.support import laid_out, property_settings, refs
 from tests.support.refs import torch_or_none
 
 pytestmark = pytest.mark.module("18")
@@ -40,14 +41,15 @@ def small_model(seed=0, context=12):
 # ---------------------------------------------------------------- 18.1 KVCache.update
 
 @pytest.mark.exercise("18.1", "KVCache.update")
-@settings(max_examples=25, deadline=None)
-@given(chunks=st.lists(st.integers(1, 4), min_size=1, max_size=5), b=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_kvcache_equals_concatenation_and_returns_views(chunks, b, seed):
-    rng = np.random.default_rng(seed)
+@property_settings(25)
+@given(chunks=st.lists(st.integers(1, 4), min_size=1, max_size=5), b=st.integers(1, 3), data=st.data())
+def test_kvcache_equals_concatenation_and_returns_views(chunks, b, data):
+    """New keys and values in any memory layout (`laid_out`: transposed, strided, reversed views) land in the
+    preallocated buffers: the result equals concatenation and is a view of the buffers."""
     cache = KVCache(b, 2, 20, 3)
     ks, vs = [], []
     for n in chunks:
-        k, v = rng.standard_normal((2, b, 2, n, 3)).astype(np.float32)
+        k, v = (data.draw(laid_out((b, 2, n, 3))) for _ in range(2))
         ks.append(k), vs.append(v)
         k_all, v_all = cache.update(Tensor(k), Tensor(v))
         np.testing.assert_array_equal(k_all.data, np.concatenate(ks, axis=2), err_msg=f"keys after chunks {chunks}")
@@ -91,7 +93,7 @@ def test_bytes_per_token_formula_matches_the_buffers_and_torch():
 # ---------------------------------------------------------------- 18.2 cached_decode
 
 @pytest.mark.exercise("18.2", "cached_decode")
-@settings(max_examples=30, deadline=None)
+@property_settings(30)
 @given(seed=st.integers(0, 2**16), t=st.integers(1, 12), new=st.integers(0, 16),
        temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_k=st.sampled_from([None, 1, 3, 13, 50]),
        b=st.integers(1, 2))
@@ -138,6 +140,9 @@ def test_cached_logits_equal_the_full_forward_and_torch():
         got = [model(ids[:, :7], cache=caches).data] + [model(ids[:, p:p + 1], start_pos=p, cache=caches).data
                                                       for p in range(7, 24)]
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=0, atol=1e-5)
+    params = {name: p.data.astype(np.float64) for name, p in model.named_parameters()}   # the NumPy reference GPT
+    np.testing.assert_allclose(np.concatenate(got, axis=1), refs.gpt_logits(ids, params, 4, 2), rtol=0, atol=1e-4,
+                               err_msg="cached logits vs tests/support/refs.gpt_logits (float64, no cache)")
     torch = torch_or_none()
     if torch is not None:
         from tests.support.torch_kv import TorchCachedGPT
@@ -356,8 +361,9 @@ def test_paged_attention_equals_contiguous_attention(plan, block_size, seed):
             np.testing.assert_array_equal(k, k_ref[layer]), np.testing.assert_array_equal(v, v_ref[layer])
             q = rng.standard_normal((1, 2, 1, 4)).astype(np.float32)
             paged = scaled_dot_product_attention(Tensor(q), Tensor(k[None]), Tensor(v[None])).data
-            if torch is None:
-                contiguous = scaled_dot_product_attention(Tensor(q), Tensor(k_ref[layer][None]), Tensor(v_ref[layer][None])).data
+            if torch is None:   # the shared NumPy reference of module 12's attention
+                contiguous = refs.sdpa(q.astype(np.float64), k_ref[layer][None].astype(np.float64),
+                                       v_ref[layer][None].astype(np.float64))
             else:
                 contiguous = torch.nn.functional.scaled_dot_product_attention(
                     torch.tensor(q), torch.tensor(k_ref[layer][None]), torch.tensor(v_ref[layer][None])).numpy()

@@ -20,29 +20,29 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call of each timed sample (`times`), with the summaries a benchmark reports."""
-
-    times: tuple
-    number: int  # calls per sample
+class Summary:
+    """The summaries of `self.samples` (seconds per call, one per timed sample) that every timing reports:
+    shared by `Timing` here and module 19's `BenchmarkResult`."""
 
     @property
     def best(self) -> float:
         "The fastest sample: the least disturbed by the rest of the machine."
-        return min(self.times)
+        return min(self.samples)
 
     @property
     def median(self) -> float:
-        return statistics.median(self.times)
+        return float(statistics.median(self.samples))
 
     @property
     def mean(self) -> float:
-        return statistics.fmean(self.times)
+        return statistics.fmean(self.samples)
 
     @property
     def stdev(self) -> float:
-        return statistics.stdev(self.times) if len(self.times) > 1 else 0.0
+        "Sample standard deviation (n - 1 in the denominator); 0 for one sample."
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+
+    std = stdev
 
     @property
     def cv(self) -> float:
@@ -51,11 +51,27 @@ class Timing:
 
     def percentile(self, q: float) -> float:
         "The q-th percentile (0-100) of the samples, by linear interpolation (NumPy's default)."
-        xs = sorted(self.times)
+        xs = sorted(self.samples)
         k = (len(xs) - 1) * q / 100
         lo = int(k)
         hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+        return float(xs[lo] + (xs[hi] - xs[lo]) * (k - lo))
+
+    def percentiles(self, qs=(50, 95, 99)) -> dict:
+        "`{'p50': ..., 'p95': ..., 'p99': ...}` of the samples (per-call latencies when one call per sample)."
+        return {f"p{q:g}": self.percentile(q) for q in qs}
+
+
+@dataclass(frozen=True)
+class Timing(Summary):
+    """Seconds per call of each timed sample (`times`, also `samples`), with the summaries of `Summary`."""
+
+    times: tuple
+    number: int  # calls per sample
+
+    @property
+    def samples(self) -> tuple:
+        return self.times
 
     def __str__(self) -> str:
         return (f"{format_seconds(self.median)} median, {format_seconds(self.best)} best of {len(self.times)} x "
@@ -252,5 +268,5 @@ def peak_memory(fn) -> int:
 
 
 # %% auto #0
-__all__ = ['format_seconds', 'Timing', 'calibrate', 'run_samples', 'time_call', 'interleave', 'cpu_frequency_mhz', 'machine_load',
-           'noise_warnings', 'thread_limit', 'peak_memory']
+__all__ = ['format_seconds', 'Summary', 'Timing', 'calibrate', 'run_samples', 'time_call', 'interleave', 'cpu_frequency_mhz',
+           'machine_load', 'noise_warnings', 'thread_limit', 'peak_memory']
