@@ -171,15 +171,16 @@ def benchmark_interleaved(candidates: dict, *args, budget_s: float = 2.0, min_ro
     and of the machine around the run); `samples[i]` is from round `i`.
     """
     calls = {name: ((lambda f=f: f(*args)) if args else f) for name, f in candidates.items()}
+    read = machine_load if check_machine else (lambda: None)
     with thread_limit(threads):
-        before = machine_load() if check_machine else None
+        start = read()
         turns = interleave(calls, budget_s=budget_s, min_rounds=min_rounds, min_repeat_time=min_repeat_time,
                            clock=clock)
-        after = machine_load() if check_machine else None
-    env = {"before": before, "after": after} if check_machine else {}
+        end = read()
+    env = dict(before=start, after=end) if check_machine else {}
     return {name: BenchmarkResult(name, tuple(float(s) for s in t.times), t.number,
                                   bootstrap_median_ci(t.times, confidence, n_resamples, rng), float(confidence),
-                                  tuple(noise_warnings(t.times, before, after, max_cv)), threads, env)
+                                  tuple(noise_warnings(t.times, start, end, max_cv)), threads, env)
             for name, t in turns.items()}
 
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b025
