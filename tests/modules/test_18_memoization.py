@@ -76,12 +76,13 @@ def test_kvcache_errors_are_exact_and_change_nothing():
         KVCache(1, 2, 0, 4)
 
 
-@pytest.mark.exercise("18.1", "KVCache.update")
+@pytest.mark.exercise("18.1", "cache_bytes_per_token")
 def test_bytes_per_token_formula_matches_the_buffers_and_torch():
     model = GPT(vocab_size=20, context_length=16, embed_dim=24, num_heads=3, num_layers=3, rng=0)
     caches = make_caches(model, 2)
     per_token = cache_bytes_per_token(model)
-    assert per_token == 2 * 3 * 24 * 4
+    assert per_token == 2 * 3 * 24 * 4, f"2 (key and value) x 3 layers x 24 numbers x 4 bytes = 576; got {per_token}"
+    assert cache_bytes_per_token(model, itemsize=2) == 288, "itemsize 2 (16-bit numbers) halves it"
     assert sum(c.nbytes for c in caches) == per_token * 16 * 2, "caches for B=2 x 16 positions"
     torch = torch_or_none()
     if torch is not None:
@@ -408,6 +409,52 @@ def test_running_out_of_blocks_mid_forward_corrupts_nothing():
         np.testing.assert_allclose(got[:, -1], model(ids[:, :5]).data[:, -1], rtol=0, atol=1e-5)
 
 
+@pytest.mark.exercise("18.1", "make_caches")
+def test_make_caches_one_per_block_shaped_for_its_attention():
+    model = GPT(vocab_size=20, context_length=10, embed_dim=24, num_heads=3, num_layers=4, rng=0)
+    caches = make_caches(model, 2)
+    assert len(caches) == 4 and all(isinstance(c, KVCache) and c.seq_len == 0 for c in caches), \
+        f"one empty KVCache per block expected; got {caches}"
+    assert {c.k.shape for c in caches} == {(2, 3, 10, 8)}, f"(batch, heads, context, head_dim) = (2, 3, 10, 8); got {caches}"
+    assert make_caches(model, 1, max_len=4)[0].k.shape == (1, 3, 4, 8), "max_len sets the positions"
+    assert len({id(c.k) for c in caches}) == 4, "every block needs buffers of its own"
+
+
+@pytest.mark.exercise("18.3", "PagedKVCache.free")
+def test_free_gives_the_blocks_back_first_in_table_order_and_forgets_the_sequence():
+    pool = PagedKVCache(6, 2, 1, 1, 1)
+    for s, n in (("a", 5), ("b", 2)):
+        pool.add_sequence(s)
+        pool.allocate(s, n)
+    table = list(pool.block_tables["a"])
+    pool.free("a")
+    assert "a" not in pool.block_tables and "a" not in pool.lengths, "free must forget the sequence's table and lengths"
+    pool.add_sequence("c")
+    assert pool.allocate("c", 6) == table, f"a's blocks {table} come back first, in a's order; got {pool.block_tables['c']}"
+    pool.add_sequence("a")   # a freed id can be used again
+    with pytest.raises(KeyError, match=r"PagedKVCache.free: unknown sequence"):
+        pool.free("zz")
+
+
+@pytest.mark.exercise("18.4", "PagedLayerCache.update")
+def test_layer_caches_view_one_layer_of_one_sequence_through_the_pool():
+    rng = np.random.default_rng(0)
+    pool = PagedKVCache(num_blocks=8, block_size=2, num_layers=3, num_heads=2, head_dim=4)
+    caches = pool.layer_caches("s")
+    assert [c.layer for c in caches] == [0, 1, 2] and "s" in pool.block_tables, "one cache per layer; the sequence added"
+    keys = np.zeros((1, 2, 0, 4), np.float32)
+    for n in (3, 1, 2):
+        k = rng.standard_normal((1, 2, n, 4)).astype(np.float32)
+        keys = np.concatenate([keys, k], axis=2)
+        k_all, v_all = caches[1].update(Tensor(k), Tensor(-k))
+        assert isinstance(k_all, Tensor) and k_all.shape == keys.shape, f"(1, H, T, Dh) = {keys.shape}; got {k_all.shape}"
+        np.testing.assert_array_equal(k_all.data, keys, err_msg="every cached key of this layer, in position order")
+        np.testing.assert_array_equal(v_all.data, -keys)
+    assert caches[1].seq_len == 6 and caches[0].seq_len == 0 and caches[2].seq_len == 0, "only layer 1 was written"
+    again = pool.layer_caches("s")
+    assert again[1].seq_len == 6, "layer_caches of a known sequence continues it"
+
+
 def test_paged_layer_cache_refuses_a_batch():
     pool = PagedKVCache(4, 2, 1, 2, 3)
     with pytest.raises(ValueError, match=r"PagedLayerCache.update: one sequence per cache \(batch 1\)"):
@@ -593,7 +640,7 @@ def test_checkpoint_keeps_float64_in_forward_and_backward(seed, shape):
                                err_msg="float64 gradient under checkpoint vs float64 central differences")
 
 
-@pytest.mark.exercise("18.5", "RNGState.restored")
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
 @pytest.mark.parametrize("placement", ["every block", "checkpoint_sequential"])
 def test_dropout_under_checkpoint_equals_the_plain_run(placement):
     """A GPT with dropout in training mode, built twice from one seed (same weights, same generators): the
@@ -625,12 +672,41 @@ def test_dropout_under_checkpoint_equals_the_plain_run(placement):
 
     (plain, plain_states), (ckpt, ckpt_states) = step(False), step(True)
     for i, (a, c) in enumerate(zip(plain, ckpt)):
-        np.testing.assert_array_equal(c, a, err_msg=f"{placement}: {['logits', 'loss'][i] if i < 2 else f'gradient {i - 2}'} "
-                                                    "with dropout under checkpoint vs the plain step")
-    assert ckpt_states == plain_states, "after the step the dropout generators must be where the plain step leaves them"
+        what = ["logits", "loss"][i] if i < 2 else f"gradient {i - 2}"
+        assert np.array_equal(c, a), (
+            f"{placement}: with dropout in training mode the checkpointed step's {what} differs from the plain step's "
+            f"(max |diff| {np.abs(np.asarray(c, np.float64) - a).max():.3g}): the recomputation in backward must run "
+            "with the generators as forward found them (forward captures an RNGState, backward runs fn inside its "
+            "restored())")
+    assert ckpt_states == plain_states, ("after the step the dropout generators must be where the plain step leaves "
+                                         "them: restored() must give each generator back the state it had on entry")
 
 
 @pytest.mark.exercise("18.5", "RNGState.restored")
+def test_rng_state_restored_replays_the_captured_draws_and_then_puts_the_stream_back():
+    from tinytorch.perf.kv_cache import RNGState
+    g, h = np.random.default_rng(1), np.random.default_rng(2)
+    state = RNGState(lambda: None)
+    state.states = [(g, g.bit_generator.state), (h, h.bit_generator.state)]
+    first = g.random(3), h.random(2)
+    with state.restored() as same:
+        again = g.random(3), h.random(2)
+    after = g.random(), h.random()
+    assert same is state, "`with state.restored() as s` gives the RNGState itself"
+    np.testing.assert_array_equal(again[0], first[0], err_msg="inside restored() the captured draws repeat")
+    np.testing.assert_array_equal(again[1], first[1], err_msg="inside restored() the captured draws repeat")
+    assert after == (np.random.default_rng(1).random(4)[3], np.random.default_rng(2).random(3)[2]), \
+        "after restored() each generator goes on from where it was before the with"
+    try:
+        with state.restored():
+            g.random(10)
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert g.random() == np.random.default_rng(1).random(5)[4], "an exception inside restored() still puts the stream back"
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.forward")
 def test_preserve_rng_state_false_draws_new_masks():
     """`preserve_rng_state=False` (as in PyTorch) recomputes with new draws: the gradients then differ from the plain
     run's, which shows what the default prevents."""
@@ -647,8 +723,9 @@ def test_preserve_rng_state_false_draws_new_masks():
     blk = TransformerBlock(16, 4, dropout=0.5, rng=3)
     x = Tensor(x0, requires_grad=True)
     backward(blk(x).sum())
-    np.testing.assert_array_equal(grads[True], x.grad.data)
-    assert not np.array_equal(grads[False], x.grad.data), "without the saved state the recomputation draws other masks"
+    assert not np.array_equal(grads[False], x.grad.data), (
+        "checkpoint(..., preserve_rng_state=False) must not capture the generators (RNGState(fn, enabled=False) in "
+        "forward): the recomputation then draws other masks, as in PyTorch")
 
 
 def test_find_generators_sees_modules_closures_defaults_and_partials():
