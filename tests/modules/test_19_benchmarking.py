@@ -192,6 +192,7 @@ def test_result_to_dict_round_trip_is_json():
 def test_benchmark_reads_the_machine_around_the_run_and_uses_its_interval():
     clk = FakeClock()
     readings = []
+    durations = np.random.default_rng(3).lognormal(np.log(1e-3), 0.4, 40)
 
     def load():
         readings.append(clk.now)
@@ -200,12 +201,27 @@ def test_benchmark_reads_the_machine_around_the_run_and_uses_its_interval():
     old = bm.machine_load
     bm.machine_load = load
     try:
-        r = benchmark(clk.work(1e-3), warmup=2, number=3, repeats=4, clock=clk, rng=5, confidence=0.9, n_resamples=300)
+        r = benchmark(clk.work(durations), warmup=2, number=1, repeats=15, clock=clk, rng=5, confidence=0.9,
+                      n_resamples=300)
     finally:
         bm.machine_load = old
-    assert readings == [0.0, pytest.approx(14e-3)], f"one reading before the warm-up, one after the last sample; got {readings}"
+    assert readings == [0.0, pytest.approx(durations[:17].sum())], \
+        f"one reading before the warm-up, one after the last sample; got {readings}"
     assert r.environment == {"before": load(), "after": load()} and r.confidence == 0.9
     assert r.ci == bootstrap_median_ci(r.samples, 0.9, 300, 5), "the interval is bootstrap_median_ci(samples, confidence, n_resamples, rng)"
+    assert r.ci != bootstrap_median_ci(r.samples), "confidence, n_resamples and rng must reach the interval"
+
+
+@pytest.mark.exercise("19.2", "benchmark")
+def test_benchmark_passes_max_cv_and_names_unnamed_runs_after_their_function():
+    clk = FakeClock()
+    varied = clk.work([1e-3, 1.5e-3, 2e-3, 2.5e-3] * 5)   # CV about 0.34
+    assert benchmark(varied, number=1, repeats=8, warmup=0, clock=clk, check_machine=False, max_cv=0.5).warnings == (), \
+        "max_cv=0.5: a CV of 0.34 is no warning"
+    assert benchmark(varied, number=1, repeats=8, warmup=0, clock=clk, check_machine=False).warnings, \
+        "the default max_cv (0.1): a CV of 0.34 is a warning"
+    assert benchmark(np.sum, np.ones(3), number=1, repeats=2, warmup=0, check_machine=False).name == "sum", \
+        "an unnamed run is named after its function"
 
 
 def test_benchmark_interleaved_takes_turns_round_by_round():
@@ -376,6 +392,8 @@ def test_compare_carries_noise_warnings_and_checks_input():
     (0.8, 0.75, 0.85, 0.95, (), "A is 1.25x slower than B (95% CI 1.18-1.33)"),
     (0.98, 0.95, 1.02, 0.9, (), "no significant difference between A and B (ratio 0.98, 90% CI 0.95-1.02)"),
     (1.0, 0.99, 1.0, 0.95, (), "no significant difference between A and B (ratio 1.00, 95% CI 0.99-1.00)"),
+    (1.01, 0.96, 1.04, 0.95, (), "no significant difference between A and B (ratio 1.01, 95% CI 0.96-1.04)"),
+    (0.99, 0.97, 1.03, 0.95, (), "no significant difference between A and B (ratio 0.99, 95% CI 0.97-1.03)"),
     (3.0, 2.5, 3.5, 0.99, ("a: busy", "b: hot"), "A is 3.00x faster than B (99% CI 2.50-3.50) [unreliable: a: busy; b: hot]"),
 ])
 def test_verdict_words_each_case(ratio, low, high, confidence, notes, says):
@@ -406,6 +424,10 @@ def test_speed_verdict_on_comparisons_and_errors():
     c = compare(1e-3 * g.lognormal(0, 0.01, 30), 2.5e-3 * g.lognormal(0, 0.01, 30), rng=0)
     assert (c.judge(2.0), c.judge(3.0), c.judge(2.5)) == (MET, NOT_MET, NOISY), (c.low, c.high)
     assert c.judge(0.5, at_least=False) == NOT_MET and c.judge(3.0, at_least=False) == MET
+    for low, high, target, at_least, want in ((0.4, 0.5, 0.5, False, MET), (0.5, 0.6, 0.5, False, NOISY),
+                                              (2.0, 2.2, 2.0, True, MET), (1.8, 2.0, 2.0, True, NOISY)):
+        assert speed_verdict(low, high, target, at_least) == want, \
+            f"an interval ending exactly at the target ({low}, {high}, target {target}, at_least={at_least}): {want}"
     with pytest.raises(ValueError, match="speed_verdict: low must be <= high; got low=2.0, high=1.0"):
         speed_verdict(2.0, 1.0, 1.5)
 
