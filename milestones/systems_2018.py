@@ -254,9 +254,14 @@ def main(argv=None) -> int:
           f"one, so they include the clock's own cost and any wait for a core: expect them above the CPU medians)")
     for label, c in (("batch 1", c1), ("batch 64", c64)):
         print(f"{label}: {c.verdict.split(' [')[0]}; at least 2x faster (the target): {c.judge(2.0)}")
-    notes = sorted({n for c in (c1, c64) for n in c.notes} | {w for r in single.values() for w in r.warnings})
+    notes = {n for c in (c1, c64) for n in c.notes} | {f"single calls of {r.name}: {w}" for r in single.values()
+                                                          for w in r.warnings if not w.startswith("machine busy")}
+    busy = [n for n in notes if n.startswith("machine busy")]
+    if busy:   # one line for the machine, with the highest load seen
+        worst = max(busy, key=lambda n: float(n.split("load average ")[1].split()[0]))
+        notes = (notes - set(busy)) | {worst}
     if notes:
-        print("noise: " + "; ".join(notes))
+        print("noise (the intervals above already carry it): " + "; ".join(sorted(notes)))
 
     if args.results is not None:
         path = write_results(args.results, [result_row(at[b][n], batch=b, accuracy=r["accuracy"], bytes=r["bytes"])
