@@ -410,8 +410,10 @@ def test_verdict_words_each_case(ratio, low, high, confidence, notes, says):
 def test_speed_verdict_equals_the_three_outcome_definition_and_the_milestone_judge(a, b, target, at_least):
     from tito import harness
     low, high = min(a, b), max(a, b)
-    got = speed_verdict(low, high, target, at_least)
-    assert got == refs.three_outcomes(low, high, target, at_least), (low, high, target, at_least, got)
+    got, want = speed_verdict(low, high, target, at_least), refs.three_outcomes(low, high, target, at_least)
+    assert got == want, (f"speed_verdict({low!r}, {high!r}, target={target}, at_least={at_least}) returned {got!r}; "
+                         f"an interval {'at or above' if at_least else 'at or below'} the target throughout is met, one "
+                         f"wholly on the other side is not met, one across it is too noisy to tell: {want!r}")
     assert {MET: harness.PASS, NOT_MET: harness.FAIL, NOISY: harness.NOISY}[got] == \
         harness.judge(harness.Interval(low, high), ">=" if at_least else "<=", target), "the milestone judges alike"
     assert speed_verdict(low, low, target, at_least) != NOISY, "a point value is never too noisy to tell"

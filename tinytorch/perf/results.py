@@ -118,11 +118,13 @@ def result_row(result, **metrics) -> dict:
 
 def write_results(path, rows, submitter: str, workload: str = WORKLOAD, workload_version: int = WORKLOAD_VERSION,
                   machine: dict | None = None) -> Path:
-    "Write a result file (JSON, atomically): the schema, workload and version, submitter, machine and rows."
+    """Write a result file (JSON, atomically; its folder made if missing): the schema, workload and version,
+    submitter, machine and rows."""
     doc = {"schema": RESULT_SCHEMA, "workload": workload, "workload_version": workload_version,
            "submitter": submitter, "machine": machine if machine is not None else machine_info(),
            "results": list(rows)}
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)   # `--results class/ada.json` makes the class folder
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
     # Atomically: a temporary file beside `path`, then os.replace, so that a leaderboard collecting the
     # folder never reads half a file, and an interrupted run leaves the old file as it was.
