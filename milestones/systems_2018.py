@@ -10,10 +10,17 @@ script walks that path with your whole package: it trains the 1986 milestone's M
 (modules 01-08), profiles where a forward pass spends its time (14), tries the optimizations of
 modules 15-17 (INT8, pruning, low rank, distillation, compilation), freezes the winner for
 inference, and benchmarks original and optimized with module 19: the optimized model must keep at
-most a third of the bytes, take at most half the median latency at batch 1 and at batch 64 (the
-upper end of the bootstrap interval of the ratio, not a single timing), and lose at most one point
-of test accuracy on the fixed 360-image split. It prints the before/after table, saves the
-Pareto plot (accuracy, latency, size) and, with --results, a module-19 result file.
+most a third of the bytes, take at most half the median time per call at batch 1 and at batch 64,
+and lose at most one point of test accuracy on the fixed 360-image split.
+
+The time targets are judged as an engineer judges a speed-up, never from one timing: original and
+optimized take turns (module 19's `benchmark_interleaved`, for a budget of seconds), the clock is the
+CPU time of this process (the question is how much work a call is, not how long the machine made it
+wait), and the ratio's bootstrap interval decides (module 19's `compare`): met when the whole interval
+is at or below 50%, not met when the whole interval is above it, and "too noisy to tell" when it
+straddles 50%, which is reported (exit code 3) without failing the run. It prints the before/after
+table, saves the Pareto plot (accuracy, latency, size) and, with --results, a result file for a class
+leaderboard (`tinytorch.perf.results`).
 
     tito milestone run systems [--epochs 15] [--hidden 64] [--distill-epochs 30] [--seed 0] [--quick]
                                [--out PATH] [--results PATH [--submitter NAME]]
@@ -23,13 +30,13 @@ YEAR = 2018
 TITLE = "Profile, shrink and benchmark: the digits model smaller and faster, with confidence intervals"
 NEEDS = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14", "15", "16", "17",
          "18", "19"]
-TARGET = ("the optimized model keeps at most 33% of the bytes, at most 50% of the median latency at batch 1 and "
-          "at most 50% at batch 64 (upper end of the bootstrap interval of the ratio), and loses at most 1% "
-          "test accuracy")
+TARGET = ("the optimized model keeps at most 33% of the bytes, at most 50% of the median CPU time per call at "
+          "batch 1 and at most 50% at batch 64 (judged on the bootstrap interval of the ratio: met, not met, or too "
+          "noisy to tell), and loses at most 1% test accuracy")
 # what the harness checks (TARGET says it in words for people)
 GOAL = {"reach": [("bytes, optimized / original", "<=", 0.33),
-                  ("median latency at batch 1, optimized / original (upper end of the interval)", "<=", 0.5),
-                  ("median latency at batch 64, optimized / original (upper end of the interval)", "<=", 0.5),
+                  ("median CPU time per call at batch 1, optimized / original", "<=", 0.5),
+                  ("median CPU time per call at batch 64, optimized / original", "<=", 0.5),
                   ("test accuracy lost", "<=", 0.01)]}
 
 import sys
@@ -87,28 +94,6 @@ def frozen(model):
     return FrozenMLP(model.layers).eval()
 
 
-def interleaved(candidates: dict, x, rounds: int, **options) -> dict:
-    """Benchmark every candidate on `x` in `rounds` alternating rounds (so all see the same machine
-    drift) and pool each one's samples into one result with its bootstrap interval."""
-    from tinytorch.core.autograd import no_grad
-    from tinytorch.perf.benchmark import BenchmarkResult, benchmark, bootstrap_median_ci, noise_warnings
-
-    runs = {name: [] for name in candidates}
-    with no_grad():
-        for _ in range(rounds):
-            for name, fn in candidates.items():
-                runs[name].append(benchmark(fn, x, name=name, **options))
-    pooled = {}
-    for name, rs in runs.items():
-        # one loop size for all rounds: the first round's calibration
-        samples = tuple(s for r in rs for s in r.samples)
-        before, after = rs[0].environment.get("before"), rs[-1].environment.get("after")
-        pooled[name] = BenchmarkResult(name, samples, rs[0].number, bootstrap_median_ci(samples, rng=0),
-                                       warnings=tuple(noise_warnings(samples, before, after)), threads=rs[0].threads,
-                                       environment={"before": before, "after": after})
-    return pooled
-
-
 def main(argv=None) -> int:
     run = harness.start(__file__, epochs=15, quick_epochs=6, options=options, argv=argv)
     args = run.args
@@ -128,7 +113,9 @@ def main(argv=None) -> int:
     from tinytorch.core.training import CosineAnnealingLR, Trainer
     from tinytorch.data.loader import DataLoader, TensorDataset, load_digits
     from tinytorch.perf.compiler import compile as tt_compile
-    from tinytorch.perf.benchmark import benchmark, compare, format_seconds, pareto_front, result_row, write_results
+    from tinytorch.perf.benchmark import benchmark_interleaved, compare, pareto_front
+    from tinytorch.perf.measure import format_seconds
+    from tinytorch.perf.results import result_row, write_results
     from tinytorch.perf.compression import distillation_loss, low_rank_model, prune_magnitude, storage_bytes
     from tinytorch.perf.profiler import Profiler
     from tinytorch.perf.quantization import model_nbytes, quantize_model
@@ -158,13 +145,15 @@ def main(argv=None) -> int:
           f"test accuracy {acc0:.2%} ({args.epochs} epochs)")
 
     # ---- 2. profile: where does a forward pass spend its time?
+    calls = 20
     for b in (1, 64):
         with no_grad(), Profiler(original, backward=False) as prof:
-            for _ in range(20):
+            for _ in range(calls):
                 original(xte[:b])
-        ops = len(prof.events) // 20
-        print(f"\nprofile of a batch-{b} forward ({ops} ops, {prof.total_flops() / 20 / 1e6:.2f} MFLOP, "
-              f"{prof.total_time() / 20 * 1e6:.1f} us in ops per call):")
+        ops = len(prof.events) // calls
+        print(f"\nprofile of a batch-{b} forward, {calls} calls: {ops} ops and {prof.total_flops() / calls / 1e6:.3f} MFLOP "
+              f"per call, {prof.total_time() / calls * 1e6:.1f} us per call in ops; the table sums all {calls} calls "
+              f"({prof.total_flops() / 1e6:.2f} MFLOP, {prof.total_time() * 1e6:.0f} us):")
         print(prof.table(sort_by="time", group_by="op", row_limit=4))
     print("\nat batch 1 each op costs a few microseconds of Python and bookkeeping whatever its size (the weight "
           "transposes, 'permute', cost as much as the matmuls): fewer ops matter more than fewer FLOPs; at batch 64 "
@@ -202,18 +191,20 @@ def main(argv=None) -> int:
     candidates = {k: (m, n if n is not None else model_nbytes(m)) for k, (m, n) in candidates.items()}
     optimized_name = "optimized: distilled + frozen"
 
-    # ---- 4. benchmark (module 19): every candidate at batch 1 and 64, one BLAS thread, interleaved rounds;
-    #         the comparison the target rests on (original vs optimized) gets many more, shorter samples
-    rounds, repeats = (2, 8) if args.quick else (3, 10)
-    opts = dict(min_time=0.003, repeats=repeats, threads=args.threads)
+    # ---- 4. benchmark (module 19): every candidate at batch 1 and 64 in interleaved rounds, one BLAS thread, CPU
+    #         time; the comparison the target rests on (original vs optimized) gets a run of its own, longer
+    budget = 1.0 if args.quick else 2.5
     fns = {k: m for k, (m, _) in candidates.items()}
-    at = {b: interleaved(fns, xte[:b], rounds, **opts) for b in (1, 64)}
-    key = {"original": original, optimized_name: candidates[optimized_name][0]}
-    for b in (1, 64):
-        at[b].update(interleaved(key, xte[:b], 3 if args.quick else 8, min_time=0.002, repeats=20,
-                                 threads=args.threads))
+    with no_grad():
+        at = {b: benchmark_interleaved(fns, xte[:b], budget_s=budget, threads=args.threads, clock=time.process_time)
+              for b in (1, 64)}
+        key = {"original": original, optimized_name: candidates[optimized_name][0]}
+        for b in (1, 64):
+            at[b].update(benchmark_interleaved(key, xte[:b], budget_s=2 * budget, min_rounds=10, threads=args.threads,
+                                               clock=time.process_time))
     rows = []
-    print(f"\n{'model':<32} {'accuracy':>8} {'bytes':>8} {'median @1':>10} {'median @64':>11}  vs original (batch 1 | batch 64)")
+    print(f"\n{'model':<32} {'accuracy':>8} {'bytes':>8} {'CPU/call @1':>11} {'CPU/call @64':>12}  "
+          "speed-up vs original (batch 1 | batch 64)")
     comparisons = {}
     for name, (m, nbytes) in candidates.items():
         acc = accuracy(m)
@@ -221,34 +212,36 @@ def main(argv=None) -> int:
         comparisons[name] = (c1, c64)
         speed = "" if name == "original" else (f"{c1.ratio:.2f}x ({c1.low:.2f}-{c1.high:.2f}) | "
                                                f"{c64.ratio:.2f}x ({c64.low:.2f}-{c64.high:.2f})")
-        print(f"{name:<32} {acc:8.2%} {nbytes:8,d} {format_seconds(at[1][name].median):>10} "
-              f"{format_seconds(at[64][name].median):>11}  {speed}")
+        print(f"{name:<32} {acc:8.2%} {nbytes:8,d} {format_seconds(at[1][name].median):>11} "
+              f"{format_seconds(at[64][name].median):>12}  {speed}")
         rows.append({"name": name, "accuracy": acc, "bytes": nbytes, "lat1": at[1][name].median,
                      "lat64": at[64][name].median})
-    print("(speedups: median(original) / median(model) with the 95% bootstrap interval of the ratio)")
+    print("(CPU/call: median CPU time per call, each sample the mean of many calls, candidates timed in turns; "
+          "speed-up: median(original) / median(model) with the 95% bootstrap interval of the ratio)")
 
     c1, c64 = comparisons[optimized_name]
     opt_row = next(r for r in rows if r["name"] == optimized_name)
     size_ratio = opt_row["bytes"] / candidates["original"][1]
     acc_lost = acc0 - opt_row["accuracy"]
-    per_call = {}  # per-call latency at batch 1 (one call per sample): the percentiles users feel
+    # single-call latency as a user feels it: wall time, every call timed on its own (clock reads included)
     with no_grad():
-        for name in ("original", optimized_name):
-            per_call[name] = benchmark(fns[name], xte[:1], number=1, repeats=100 if args.quick else 400,
-                                       threads=args.threads, name=name).percentiles()
+        single = benchmark_interleaved({n: fns[n] for n in ("original", optimized_name)}, xte[:1],
+                                       budget_s=budget, min_rounds=100, min_repeat_time=0.0, threads=args.threads)
+    per_call = {n: r.percentiles() for n, r in single.items()}
     before, after = at[1]["original"], at[1][optimized_name]
     b64, a64 = at[64]["original"], at[64][optimized_name]
     table = [("", "original", "optimized", "after / before"),
              ("stored bytes", f"{candidates['original'][1]:,}", f"{opt_row['bytes']:,}", f"{size_ratio:.2f}"),
              ("test accuracy (360 images)", f"{acc0:.2%}", f"{opt_row['accuracy']:.2%}", f"{(opt_row['accuracy'] - acc0) * 100:+.2f} points")]
-    for label, x, y, c in (("median latency, batch 1", before, after, c1), ("median latency, batch 64", b64, a64, c64)):
+    for label, x, y, c in (("median CPU time per call, batch 1", before, after, c1),
+                           ("median CPU time per call, batch 64", b64, a64, c64)):
         table.append((label, f"{format_seconds(x.median)} ({format_seconds(x.ci[0])}-{format_seconds(x.ci[1])})",
                       f"{format_seconds(y.median)} ({format_seconds(y.ci[0])}-{format_seconds(y.ci[1])})",
                       f"{1 / c.ratio:.2f} ({1 / c.high:.2f}-{1 / c.low:.2f})"))
     for q in ("p50", "p95", "p99"):
         x, y = per_call["original"][q], per_call[optimized_name][q]
-        table.append((f"{q} per call, batch 1", format_seconds(x), format_seconds(y), f"{y / x:.2f}"))
-    table.append(("throughput, batch 64 (images/s)", f"{64 / b64.median:,.0f}", f"{64 / a64.median:,.0f}",
+        table.append((f"{q} of single calls (wall), batch 1", format_seconds(x), format_seconds(y), f"{y / x:.2f}"))
+    table.append(("throughput, batch 64 (images per CPU second)", f"{64 / b64.median:,.0f}", f"{64 / a64.median:,.0f}",
                   f"{b64.median / a64.median:.2f}x"))
     widths = [max(len(r[i]) for r in table) for i in range(4)]
     print("\nbefore / after (medians with their 95% bootstrap intervals; ratios with the interval of the ratio):")
@@ -256,10 +249,19 @@ def main(argv=None) -> int:
         print("  " + "  ".join(v.ljust(w) if j == 0 else v.rjust(w) for j, (v, w) in enumerate(zip(r, widths))))
         if i == 0:
             print("  " + "  ".join("-" * w for w in widths))
-    print(f"\nbatch 1:  {c1.verdict.split(' [')[0]}\nbatch 64: {c64.verdict.split(' [')[0]}")
+    print(f"  (CPU time per call: the mean of a loop of calls, so clock reads and scheduling stay out of it; single "
+          f"calls: {len(single['original'].samples)} calls each timed alone on the wall clock, as a caller waits for "
+          f"one, so they include the clock's own cost and any wait for a core: expect them above the CPU medians)")
     for label, c in (("batch 1", c1), ("batch 64", c64)):
-        if c.notes:
-            print(f"noise ({label}): " + "; ".join(c.notes))
+        print(f"{label}: {c.verdict.split(' [')[0]}; at least 2x faster (the target): {c.judge(2.0)}")
+    notes = {n for c in (c1, c64) for n in c.notes} | {f"single calls of {r.name}: {w}" for r in single.values()
+                                                          for w in r.warnings if not w.startswith("machine busy")}
+    busy = [n for n in notes if n.startswith("machine busy")]
+    if busy:   # one line for the machine, with the highest load seen
+        worst = max(busy, key=lambda n: float(n.split("load average ")[1].split()[0]))
+        notes = (notes - set(busy)) | {worst}
+    if notes:
+        print("noise (the intervals above already carry it): " + "; ".join(sorted(notes)))
 
     if args.results is not None:
         path = write_results(args.results, [result_row(at[b][n], batch=b, accuracy=r["accuracy"], bytes=r["bytes"])
@@ -271,9 +273,10 @@ def main(argv=None) -> int:
     print("Pareto front (latency at batch 64, accuracy, bytes):", ", ".join(r["name"] for r, f in zip(rows, front) if f))
     run.save_plot(plot(run.pyplot(), rows, front, optimized_name))
     print(f"done in {time.perf_counter() - start:.1f} s")
+    latency = {b: harness.Interval(1 / c.high, 1 / c.low, 1 / c.ratio) for b, c in ((1, c1), (64, c64))}
     return run.report(("bytes, optimized / original", size_ratio),
-                      ("median latency at batch 1, optimized / original (upper end of the interval)", 1 / c1.low),
-                      ("median latency at batch 64, optimized / original (upper end of the interval)", 1 / c64.low),
+                      ("median CPU time per call at batch 1, optimized / original", latency[1]),
+                      ("median CPU time per call at batch 64, optimized / original", latency[64]),
                       ("test accuracy lost", acc_lost))
 
 
@@ -297,7 +300,7 @@ def plot(plt, rows, front, optimized_name):
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(f"median latency at {label} (us, log scale)")
+        ax.set_xlabel(f"median CPU time per call at {label} (us, log scale)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"{label}: marker area = stored bytes")
         ax.legend(fontsize=8, loc="lower left")

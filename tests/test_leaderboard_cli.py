@@ -1,5 +1,7 @@
-"""`tito leaderboard`: result files written by module 19's `write_results` merged into one ranked table, written
-as JSON and Markdown; a file of another workload version, an invalid file or no file refused with exit code 2."""
+"""`tito leaderboard`: result files written by `tinytorch.perf.results.write_results` merged into one ranked table,
+written as JSON and Markdown; a file of another workload version, an invalid file or no file refused with exit code
+2. The package's `leaderboard` does the work in a child process of the edition's Python: tito imports no
+tinytorch (checked here by running the command with tinytorch made unimportable in tito's own process)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tinytorch.perf.benchmark import WORKLOAD, WORKLOAD_VERSION, write_results
+from tinytorch.perf.results import WORKLOAD, WORKLOAD_VERSION, write_results
 from tito.main import app
 
 pytestmark = pytest.mark.module("19")
@@ -137,9 +139,21 @@ def test_out_never_overwrites_a_file_it_did_not_write(results):
     assert (results / "ada.json").read_text() == before
 
 
-def test_a_course_without_module_19_exported_says_how_to_get_it(results, monkeypatch):
+def test_tito_imports_no_tinytorch_and_an_edition_without_the_format_says_how_to_get_it(results, tmp_path,
+                                                                                           monkeypatch):
+    import shutil
     import sys
 
-    monkeypatch.setitem(sys.modules, "tinytorch.perf.benchmark", None)   # import fails as in an edition without it
+    for name in [n for n in sys.modules if n == "tinytorch" or n.startswith("tinytorch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tinytorch", None)   # any import of tinytorch in tito's process fails
     result = run(results)
-    assert result.exit_code == 2 and "complete module 19 and run `tito export 19`" in result.output, result.output
+    assert result.exit_code == 0 and "grace" in result.output, result.output
+    edition = tmp_path / "old-edition"
+    shutil.copytree(ROOT / "tinytorch", edition / "tinytorch", ignore=shutil.ignore_patterns("__pycache__"))
+    (edition / "tinytorch" / "perf" / "results.py").unlink()
+    shutil.copy2(ROOT / "settings.ini", edition / "settings.ini")
+    monkeypatch.setenv("TITO_ROOT", str(edition))
+    result = run(results)
+    assert result.exit_code == 2 and "regenerate it with `tito export`" in result.output, result.output
+    assert "Traceback" not in result.output

@@ -49,8 +49,8 @@ def test_module_folder_is_complete(module):
 
 
 # Imports of a later module's code that modules/README.md documents as forward references: given code that
-# reaches the later module lazily, only when a student calls it (Tensor.backward, GPT.generate(use_cache=True)).
-FORWARD_REFERENCES = {("01", "06"), ("13", "18")}
+# reaches the later module lazily, only when a student calls it (Tensor.backward).
+FORWARD_REFERENCES = {("01", "06")}
 
 
 def exporting_module(package_module: str) -> str | None:

@@ -25,8 +25,10 @@ from tinytorch.core.attention import scaled_dot_product_attention
 from tinytorch.core.autograd import no_grad
 from tinytorch.core.tensor import Tensor
 from tinytorch.models.gpt import GPT
-from tinytorch.perf.kv_cache import (FusedGPT, KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
+from tinytorch.perf.fused import FusedGPT
+from tinytorch.perf.kv_cache import (KVCache, PagedKVCache, cache_bytes_per_token, generate_cached,
                                      make_caches)
+from tests.support import laid_out, property_settings, refs
 from tests.support.refs import torch_or_none
 
 pytestmark = pytest.mark.module("18")
@@ -39,14 +41,15 @@ def small_model(seed=0, context=12):
 # ---------------------------------------------------------------- 18.1 KVCache.update
 
 @pytest.mark.exercise("18.1", "KVCache.update")
-@settings(max_examples=25, deadline=None)
-@given(chunks=st.lists(st.integers(1, 4), min_size=1, max_size=5), b=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_kvcache_equals_concatenation_and_returns_views(chunks, b, seed):
-    rng = np.random.default_rng(seed)
+@property_settings(25)
+@given(chunks=st.lists(st.integers(1, 4), min_size=1, max_size=5), b=st.integers(1, 3), data=st.data())
+def test_kvcache_equals_concatenation_and_returns_views(chunks, b, data):
+    """New keys and values in any memory layout (`laid_out`: transposed, strided, reversed views) land in the
+    preallocated buffers: the result equals concatenation and is a view of the buffers."""
     cache = KVCache(b, 2, 20, 3)
     ks, vs = [], []
     for n in chunks:
-        k, v = rng.standard_normal((2, b, 2, n, 3)).astype(np.float32)
+        k, v = (data.draw(laid_out((b, 2, n, 3))) for _ in range(2))
         ks.append(k), vs.append(v)
         k_all, v_all = cache.update(Tensor(k), Tensor(v))
         np.testing.assert_array_equal(k_all.data, np.concatenate(ks, axis=2), err_msg=f"keys after chunks {chunks}")
@@ -73,12 +76,13 @@ def test_kvcache_errors_are_exact_and_change_nothing():
         KVCache(1, 2, 0, 4)
 
 
-@pytest.mark.exercise("18.1", "KVCache.update")
+@pytest.mark.exercise("18.1", "cache_bytes_per_token")
 def test_bytes_per_token_formula_matches_the_buffers_and_torch():
     model = GPT(vocab_size=20, context_length=16, embed_dim=24, num_heads=3, num_layers=3, rng=0)
     caches = make_caches(model, 2)
     per_token = cache_bytes_per_token(model)
-    assert per_token == 2 * 3 * 24 * 4
+    assert per_token == 2 * 3 * 24 * 4, f"2 (key and value) x 3 layers x 24 numbers x 4 bytes = 576; got {per_token}"
+    assert cache_bytes_per_token(model, itemsize=2) == 288, "itemsize 2 (16-bit numbers) halves it"
     assert sum(c.nbytes for c in caches) == per_token * 16 * 2, "caches for B=2 x 16 positions"
     torch = torch_or_none()
     if torch is not None:
@@ -90,7 +94,7 @@ def test_bytes_per_token_formula_matches_the_buffers_and_torch():
 # ---------------------------------------------------------------- 18.2 cached_decode
 
 @pytest.mark.exercise("18.2", "cached_decode")
-@settings(max_examples=30, deadline=None)
+@property_settings(30)
 @given(seed=st.integers(0, 2**16), t=st.integers(1, 12), new=st.integers(0, 16),
        temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]), top_k=st.sampled_from([None, 1, 3, 13, 50]),
        b=st.integers(1, 2))
@@ -104,20 +108,27 @@ def test_cached_generation_is_token_identical(seed, t, new, temperature, top_k, 
 
 
 @pytest.mark.exercise("18.2", "cached_decode")
-def test_gpt_generate_use_cache_reaches_the_cache():
-    """`GPT.generate(..., use_cache=True)` (module 13's given branch) decodes through module 18: the same
-    tokens as without the cache, and one prefill then one token per forward."""
+def test_gpt_generate_with_the_cached_decoder():
+    """`GPT.generate(..., decoder=generate_cached)` (module 13's given seam: the model imports nothing of module
+    18) decodes through the cache: the same tokens as without it, one prefill then one token per forward; the
+    engine is chosen the same way (`functools.partial(generate_cached, engine="fused")`)."""
+    import functools
     model = small_model(1)
     prompt = np.random.default_rng(5).integers(0, 13, (2, 4))
     plain = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3)
     lengths = []
     hook = model.register_forward_pre_hook(lambda m, args: lengths.append(np.shape(getattr(args[0], "data", args[0]))[1]))
     try:
-        cached = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3, use_cache=True)
+        cached = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3, decoder=generate_cached)
     finally:
         hook.remove()
-    np.testing.assert_array_equal(cached, plain, err_msg="generate(use_cache=True) must give generate's tokens")
+    np.testing.assert_array_equal(cached, plain, err_msg="generate(decoder=generate_cached) must give generate's tokens")
     assert lengths == [4, 1, 1, 1, 1, 1], f"expected one prefill of 4 then 1 token per step; forward saw {lengths}"
+    fused = model.generate(prompt, 6, temperature=0.9, top_k=5, seed=3,
+                           decoder=functools.partial(generate_cached, engine="fused"))
+    np.testing.assert_array_equal(fused, plain, err_msg="generate(decoder=partial(generate_cached, engine='fused'))")
+    with pytest.raises(TypeError, match="generate: decoder must be a function like module 18's generate_cached"):
+        model.generate(prompt, 2, decoder="kv")
 
 
 @pytest.mark.exercise("18.2", "cached_decode")
@@ -130,6 +141,9 @@ def test_cached_logits_equal_the_full_forward_and_torch():
         got = [model(ids[:, :7], cache=caches).data] + [model(ids[:, p:p + 1], start_pos=p, cache=caches).data
                                                       for p in range(7, 24)]
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, rtol=0, atol=1e-5)
+    params = {name: p.data.astype(np.float64) for name, p in model.named_parameters()}   # the NumPy reference GPT
+    np.testing.assert_allclose(np.concatenate(got, axis=1), refs.gpt_logits(ids, params, 4, 2), rtol=0, atol=1e-4,
+                               err_msg="cached logits vs tests/support/refs.gpt_logits (float64, no cache)")
     torch = torch_or_none()
     if torch is not None:
         from tests.support.torch_kv import TorchCachedGPT
@@ -348,8 +362,9 @@ def test_paged_attention_equals_contiguous_attention(plan, block_size, seed):
             np.testing.assert_array_equal(k, k_ref[layer]), np.testing.assert_array_equal(v, v_ref[layer])
             q = rng.standard_normal((1, 2, 1, 4)).astype(np.float32)
             paged = scaled_dot_product_attention(Tensor(q), Tensor(k[None]), Tensor(v[None])).data
-            if torch is None:
-                contiguous = scaled_dot_product_attention(Tensor(q), Tensor(k_ref[layer][None]), Tensor(v_ref[layer][None])).data
+            if torch is None:   # the shared NumPy reference of module 12's attention
+                contiguous = refs.sdpa(q.astype(np.float64), k_ref[layer][None].astype(np.float64),
+                                       v_ref[layer][None].astype(np.float64))
             else:
                 contiguous = torch.nn.functional.scaled_dot_product_attention(
                     torch.tensor(q), torch.tensor(k_ref[layer][None]), torch.tensor(v_ref[layer][None])).numpy()
@@ -392,6 +407,52 @@ def test_running_out_of_blocks_mid_forward_corrupts_nothing():
         pool.free("b")
         got = model(ids[:, 4:5], start_pos=4, cache=pool.layer_caches("a")).data
         np.testing.assert_allclose(got[:, -1], model(ids[:, :5]).data[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.exercise("18.1", "make_caches")
+def test_make_caches_one_per_block_shaped_for_its_attention():
+    model = GPT(vocab_size=20, context_length=10, embed_dim=24, num_heads=3, num_layers=4, rng=0)
+    caches = make_caches(model, 2)
+    assert len(caches) == 4 and all(isinstance(c, KVCache) and c.seq_len == 0 for c in caches), \
+        f"one empty KVCache per block expected; got {caches}"
+    assert {c.k.shape for c in caches} == {(2, 3, 10, 8)}, f"(batch, heads, context, head_dim) = (2, 3, 10, 8); got {caches}"
+    assert make_caches(model, 1, max_len=4)[0].k.shape == (1, 3, 4, 8), "max_len sets the positions"
+    assert len({id(c.k) for c in caches}) == 4, "every block needs buffers of its own"
+
+
+@pytest.mark.exercise("18.3", "PagedKVCache.free")
+def test_free_gives_the_blocks_back_first_in_table_order_and_forgets_the_sequence():
+    pool = PagedKVCache(6, 2, 1, 1, 1)
+    for s, n in (("a", 5), ("b", 2)):
+        pool.add_sequence(s)
+        pool.allocate(s, n)
+    table = list(pool.block_tables["a"])
+    pool.free("a")
+    assert "a" not in pool.block_tables and "a" not in pool.lengths, "free must forget the sequence's table and lengths"
+    pool.add_sequence("c")
+    assert pool.allocate("c", 6) == table, f"a's blocks {table} come back first, in a's order; got {pool.block_tables['c']}"
+    pool.add_sequence("a")   # a freed id can be used again
+    with pytest.raises(KeyError, match=r"PagedKVCache.free: unknown sequence"):
+        pool.free("zz")
+
+
+@pytest.mark.exercise("18.4", "PagedLayerCache.update")
+def test_layer_caches_view_one_layer_of_one_sequence_through_the_pool():
+    rng = np.random.default_rng(0)
+    pool = PagedKVCache(num_blocks=8, block_size=2, num_layers=3, num_heads=2, head_dim=4)
+    caches = pool.layer_caches("s")
+    assert [c.layer for c in caches] == [0, 1, 2] and "s" in pool.block_tables, "one cache per layer; the sequence added"
+    keys = np.zeros((1, 2, 0, 4), np.float32)
+    for n in (3, 1, 2):
+        k = rng.standard_normal((1, 2, n, 4)).astype(np.float32)
+        keys = np.concatenate([keys, k], axis=2)
+        k_all, v_all = caches[1].update(Tensor(k), Tensor(-k))
+        assert isinstance(k_all, Tensor) and k_all.shape == keys.shape, f"(1, H, T, Dh) = {keys.shape}; got {k_all.shape}"
+        np.testing.assert_array_equal(k_all.data, keys, err_msg="every cached key of this layer, in position order")
+        np.testing.assert_array_equal(v_all.data, -keys)
+    assert caches[1].seq_len == 6 and caches[0].seq_len == 0 and caches[2].seq_len == 0, "only layer 1 was written"
+    again = pool.layer_caches("s")
+    assert again[1].seq_len == 6, "layer_caches of a known sequence continues it"
 
 
 def test_paged_layer_cache_refuses_a_batch():
@@ -483,7 +544,7 @@ def _counted(fns):
     return [wrap(i, f) for i, f in enumerate(fns)], calls
 
 
-@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.exercise("18.6", "checkpoint_sequential")
 @pytest.mark.parametrize("n, segments", [(4, 4), (4, 2), (5, 2), (3, 1), (7, 3)])
 def test_checkpoint_sequential_recomputes_all_runs_but_the_last_as_pytorch_does(n, segments):
     """Gradients equal the plain chain's exactly; which functions run twice is what
@@ -529,6 +590,7 @@ def _small_block(seed):
     return TransformerBlock(16, 4, rng=seed)
 
 
+@pytest.mark.exercise("18.6", "checkpoint_sequential")
 def test_checkpoint_sequential_errors_are_named():
     from tinytorch.perf.kv_cache import checkpoint_sequential
     x = Tensor(np.zeros((2, 3)), requires_grad=True)
@@ -548,10 +610,149 @@ def test_checkpoint_errors_are_named():
         checkpoint(lambda x: x, np.zeros(2))
 
 
-def test_checkpoint_has_its_own_package_path():
-    """`tinytorch.core.checkpoint` (exported from modules/common/checkpoint.ipynb) is module 18's checkpoint."""
-    from tinytorch.core import checkpoint as path
-    from tinytorch.perf import kv_cache
-    assert path.checkpoint is kv_cache.checkpoint and path.CheckpointFunction is kv_cache.CheckpointFunction
-    assert path.checkpoint_sequential is kv_cache.checkpoint_sequential
-    assert sorted(path.__all__) == ["CheckpointFunction", "checkpoint", "checkpoint_sequential"]
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16), shape=st.sampled_from([(3,), (2, 4), (2, 3, 5)]))
+def test_checkpoint_keeps_float64_in_forward_and_backward(seed, shape):
+    """A float64 segment is recomputed in float64 (a new Tensor made from an array would be float32):
+    the output, the input's gradient and a parameter's gradient equal the plain float64 run's to float64
+    rounding, and the gradient agrees with float64 central differences."""
+    from tinytorch.core.autograd import backward
+    from tinytorch.perf.kv_cache import checkpoint
+    from tests.support.refs import numeric_grads
+    rng = np.random.default_rng(seed)
+    x0, w0 = rng.standard_normal(shape), rng.standard_normal(shape[-1:])
+    f = lambda x, w: ((x * w).tanh() * x).sum(axis=-1)  # noqa: E731
+    runs = {}
+    for how in ("plain", "checkpoint"):
+        x = Tensor(x0, dtype=np.float64, requires_grad=True)
+        w = Tensor(w0, dtype=np.float64, requires_grad=True)
+        y = f(x, w) if how == "plain" else checkpoint(f, x, w)
+        assert y.dtype == np.float64, f"{how}: a float64 segment must give a float64 output; got {y.dtype}"
+        backward(y.sum())
+        assert x.grad.dtype == np.float64 and w.grad.dtype == np.float64, \
+            f"{how}: float64 inputs need float64 gradients; got {x.grad.dtype}, {w.grad.dtype}"
+        runs[how] = (y.data, x.grad.data, w.grad.data)
+    for name, a, c in zip(("output", "input gradient", "weight gradient"), runs["plain"], runs["checkpoint"]):
+        np.testing.assert_allclose(c, a, rtol=1e-13, atol=1e-15, err_msg=f"{name} under checkpoint vs plain, float64")
+    (gx, ok), = numeric_grads(lambda x: np.sum(np.tanh(x * w0) * x, axis=-1), [x0], np.ones(shape[:-1]))
+    np.testing.assert_allclose(runs["checkpoint"][1][ok], gx[ok], rtol=1e-7, atol=1e-9,
+                               err_msg="float64 gradient under checkpoint vs float64 central differences")
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.backward")
+@pytest.mark.parametrize("placement", ["every block", "checkpoint_sequential"])
+def test_dropout_under_checkpoint_equals_the_plain_run(placement):
+    """A GPT with dropout in training mode, built twice from one seed (same weights, same generators): the
+    checkpointed step recomputes with the masks its forward drew (PyTorch's `preserve_rng_state`), so logits,
+    loss and every gradient equal the plain step's exactly, and the generators end where the plain step leaves
+    them (the recomputation draws nothing from the caller's stream)."""
+    from tinytorch.core.losses import CrossEntropyLoss
+    from tinytorch.perf.kv_cache import checkpoint, checkpoint_sequential
+    xb = np.random.default_rng(0).integers(0, 30, (3, 12))
+    yb = np.random.default_rng(1).integers(0, 30, (3, 12))
+
+    def step(checkpointed):
+        gpt = GPT(vocab_size=30, context_length=12, embed_dim=16, num_heads=2, num_layers=3, dropout=0.3, rng=0)
+        gpt.train()
+        x = gpt.drop(gpt.pos_emb(gpt.tok_emb(xb)))
+        if not checkpointed:
+            for block in gpt.blocks:
+                x = block(x)
+        elif placement == "every block":
+            for block in gpt.blocks:
+                x = checkpoint(block, x)
+        else:
+            x = checkpoint_sequential(gpt.blocks, len(gpt.blocks), x)
+        logits = gpt.head(gpt.ln_f(x))
+        loss = CrossEntropyLoss()(logits.reshape(-1, 30), yb.reshape(-1))
+        loss.backward()
+        states = [g.bit_generator.state for g in {id(d.rng): d.rng for d in gpt.modules() if hasattr(d, "rng")}.values()]
+        return [logits.data, loss.data] + [p.grad.data for p in gpt.parameters()], states
+
+    (plain, plain_states), (ckpt, ckpt_states) = step(False), step(True)
+    for i, (a, c) in enumerate(zip(plain, ckpt)):
+        what = ["logits", "loss"][i] if i < 2 else f"gradient {i - 2}"
+        assert np.array_equal(c, a), (
+            f"{placement}: with dropout in training mode the checkpointed step's {what} differs from the plain step's "
+            f"(max |diff| {np.abs(np.asarray(c, np.float64) - a).max():.3g}): the recomputation in backward must run "
+            "with the generators as forward found them (forward captures an RNGState, backward runs fn inside its "
+            "restored())")
+    assert ckpt_states == plain_states, ("after the step the dropout generators must be where the plain step leaves "
+                                         "them: restored() must give each generator back the state it had on entry")
+
+
+@pytest.mark.exercise("18.5", "RNGState.restored")
+def test_rng_state_restored_replays_the_captured_draws_and_then_puts_the_stream_back():
+    from tinytorch.perf.kv_cache import RNGState
+    g, h = np.random.default_rng(1), np.random.default_rng(2)
+    state = RNGState(lambda: None)
+    state.states = [(g, g.bit_generator.state), (h, h.bit_generator.state)]
+    first = g.random(3), h.random(2)
+    with state.restored() as same:
+        again = g.random(3), h.random(2)
+    after = g.random(), h.random()
+    assert same is state, "`with state.restored() as s` gives the RNGState itself"
+    np.testing.assert_array_equal(again[0], first[0], err_msg="inside restored() the captured draws repeat")
+    np.testing.assert_array_equal(again[1], first[1], err_msg="inside restored() the captured draws repeat")
+    assert after == (np.random.default_rng(1).random(4)[3], np.random.default_rng(2).random(3)[2]), \
+        "after restored() each generator goes on from where it was before the with"
+    try:
+        with state.restored():
+            g.random(10)
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert g.random() == np.random.default_rng(1).random(5)[4], "an exception inside restored() still puts the stream back"
+
+
+@pytest.mark.exercise("18.5", "CheckpointFunction.forward")
+def test_preserve_rng_state_false_draws_new_masks():
+    """`preserve_rng_state=False` (as in PyTorch) recomputes with new draws: the gradients then differ from the plain
+    run's, which shows what the default prevents."""
+    from tinytorch.core.autograd import backward
+    from tinytorch.models.gpt import TransformerBlock
+    from tinytorch.perf.kv_cache import checkpoint
+    x0 = np.random.default_rng(2).standard_normal((2, 5, 16)).astype(np.float32)
+    grads = {}
+    for keep in (True, False):
+        blk = TransformerBlock(16, 4, dropout=0.5, rng=3)
+        x = Tensor(x0, requires_grad=True)
+        backward(checkpoint(blk, x, preserve_rng_state=keep).sum())
+        grads[keep] = x.grad.data
+    blk = TransformerBlock(16, 4, dropout=0.5, rng=3)
+    x = Tensor(x0, requires_grad=True)
+    backward(blk(x).sum())
+    assert not np.array_equal(grads[False], x.grad.data), (
+        "checkpoint(..., preserve_rng_state=False) must not capture the generators (RNGState(fn, enabled=False) in "
+        "forward): the recomputation then draws other masks, as in PyTorch")
+
+
+def test_find_generators_sees_modules_closures_defaults_and_partials():
+    import functools
+    from tinytorch.models.gpt import TransformerBlock
+    from tinytorch.perf.kv_cache import find_generators
+    a, b = TransformerBlock(8, 2, dropout=0.1, rng=0), TransformerBlock(8, 2, dropout=0.1, rng=1)
+    assert find_generators(a) == [a.drop.rng]   # one generator shared by the block's dropouts (made from one rng)
+    assert find_generators(lambda h: b(a(h))) == [b.drop.rng, a.drop.rng] or \
+        set(map(id, find_generators(lambda h: b(a(h))))) == {id(a.drop.rng), id(b.drop.rng)}
+    assert find_generators(lambda h, run=[a]: run[0](h)) == [a.drop.rng]
+    assert find_generators(functools.partial(lambda m, h: m(h), b)) == [b.drop.rng]
+    assert find_generators(a.forward) == [a.drop.rng]
+    assert find_generators(abs) == []
+
+
+def test_layers_import_nothing_from_the_tools_that_optimize_them():
+    """`core/` imports nothing from `perf/`, and the model (module 13) imports none of the tools that optimize it:
+    module 18's cache reaches `generate` as an argument (`decoder=`), not by an import."""
+    import ast
+    from pathlib import Path
+    import tinytorch
+    root = Path(tinytorch.__file__).parent
+    bad = []
+    for path in [*sorted((root / "core").glob("*.py")), root / "models" / "gpt.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [("." * node.level) + (node.module or "")] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(root)}: {n}" for n in names if "perf" in n.split(".")]
+    assert not bad, f"imports of tinytorch.perf from the layers and the model: {bad}"

@@ -1,15 +1,17 @@
 """Module 19 (benchmarking): `tinytorch.perf.benchmark` against known distributions and the reference tools.
 
 Timing statistics are checked with a fake clock (every reading known in advance), so no test here
-depends on how busy the machine is: `calibrate` reads the same clock values as
-`timeit.Timer.autorange`, `benchmark`'s samples equal `timeit.Timer.repeat`'s on the same fake
-clock, the median and CV of samples drawn from a lognormal distribution match the distribution's,
-and the bootstrap interval of the median covers the true median about 95% of the time and agrees
-with `scipy.stats.bootstrap(method="percentile")`. `compare` finds a 2x difference with an interval
-around 2 and no significant difference between two samples of one distribution (on real
-workloads too, where the difference is 100x). Noise warnings, errors, percentiles, throughput,
-the Pareto front against brute force, BLAS thread pinning, and the result file's round trip and the
-leaderboard's refusal of other workload versions are tested as well.
+depends on how busy the machine is: the timing stack's `calibrate` (`tinytorch.perf.measure`) reads
+the same clock values as `timeit.Timer.autorange`, `benchmark`'s samples equal `timeit.Timer.repeat`'s
+on the same fake clock, the median and CV of samples drawn from a lognormal distribution match the
+distribution's, and the bootstrap interval of the median equals the percentile bootstrap written from
+its definition (`tests/support/refs.py`), covers the true median about 95% of the time and agrees with
+`scipy.stats.bootstrap(method="percentile")`. `compare` finds a 2x difference with an interval around 2
+and no significant difference between two samples of one distribution (on real workloads too, where
+the difference is 100x); `speed_verdict` equals the three-outcome definition of refs.py and the
+milestone harness's `judge`. Noise warnings, errors, percentiles, throughput, interleaved rounds, the
+Pareto front against the definition, BLAS thread pinning, and the result file's round trip and the
+leaderboard's refusal of other workload versions (`tinytorch.perf.results`) are tested as well.
 """
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tinytorch.perf.benchmark import (WORKLOAD, WORKLOAD_VERSION, BenchmarkResult, Comparison, benchmark,
-                                      bootstrap_median_ci, calibrate, compare, format_leaderboard, machine_info,
-                                      machine_load, merge_leaderboard, noise_warnings, pareto_front, read_results,
-                                      result_row, throughput, write_results)
+from tinytorch.perf.benchmark import (MET, NOISY, NOT_MET, BenchmarkResult, Comparison, benchmark,
+                                      benchmark_interleaved, bootstrap_median_ci, compare, pareto_front, speed_verdict,
+                                      throughput)
+from tinytorch.perf.measure import calibrate, machine_load, noise_warnings
+from tinytorch.perf.results import (WORKLOAD, WORKLOAD_VERSION, format_leaderboard, machine_info, merge_leaderboard,
+                                    read_results, result_row, write_results)
+from tests.support import property_settings, refs
 
 pytestmark = pytest.mark.module("19")
 
@@ -49,10 +54,9 @@ class FakeClock:
         return fn
 
 
-# ---------------------------------------------------------------- 19.1 calibrate
+# ---------------------------------------------------------------- calibrate (the timing stack, given)
 
-@pytest.mark.exercise("19.1", "calibrate")
-@settings(max_examples=40, deadline=None)
+@property_settings(40)
 @given(per_call=st.floats(1e-5, 0.5), min_time=st.floats(1e-4, 0.2))
 def test_calibrate_reads_the_clock_as_timeit_autorange_does(per_call, min_time):
     sizes = [p * f for p in (10 ** e for e in range(9)) for f in (1, 2, 5)]
@@ -67,7 +71,6 @@ def test_calibrate_reads_the_clock_as_timeit_autorange_does(per_call, min_time):
     assert clk.reads == ref.reads, f"the clock must be read twice per loop, as timeit does: {ref.reads} reads expected; got {clk.reads}"
 
 
-@pytest.mark.exercise("19.1", "calibrate")
 def test_calibrate_sequence_max_number_and_errors():
     clk = FakeClock()
     assert calibrate(clk.work(0.003), clock=clk, min_time=0.01) == (5, pytest.approx(0.015))
@@ -83,8 +86,9 @@ def test_calibrate_sequence_max_number_and_errors():
         calibrate(lambda: None, max_number=0)
 
 
-# ---------------------------------------------------------------- benchmark (given) on a fake clock
+# ---------------------------------------------------------------- 19.2 benchmark, on a fake clock
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_benchmark_samples_equal_timeit_repeat_on_the_same_clock():
     durations = np.random.default_rng(0).lognormal(np.log(1e-3), 0.2, 10_000)
     clk, ref = FakeClock(), FakeClock()
@@ -97,6 +101,7 @@ def test_benchmark_samples_equal_timeit_repeat_on_the_same_clock():
     assert r.number == 7 and len(r.samples) == 12
 
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_benchmark_statistics_match_a_known_distribution():
     mu, sigma = np.log(2e-3), 0.25
     durations = np.random.default_rng(1).lognormal(mu, sigma, 5000)
@@ -113,6 +118,7 @@ def test_benchmark_statistics_match_a_known_distribution():
     np.testing.assert_allclose([p["p95"], p["p99"]], np.percentile(r.samples, [95, 99]))
 
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_benchmark_calibrates_when_number_is_not_given():
     clk = FakeClock()
     r = benchmark(clk.work(2e-4), min_time=0.01, repeats=5, clock=clk, check_machine=False)
@@ -120,6 +126,7 @@ def test_benchmark_calibrates_when_number_is_not_given():
     assert r.reliable and r.cv == pytest.approx(0.0, abs=1e-9) and r.ci == pytest.approx((2e-4, 2e-4))
 
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_benchmark_passes_args_and_names_the_result():
     seen = []
     clk = FakeClock()
@@ -142,6 +149,7 @@ def test_benchmark_errors_say_what_to_pass():
         benchmark(3)
 
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_benchmark_pins_blas_threads_and_restores_them():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     before = [p["num_threads"] for p in threadpoolctl.threadpool_info()]
@@ -152,6 +160,7 @@ def test_benchmark_pins_blas_threads_and_restores_them():
     assert [p["num_threads"] for p in threadpoolctl.threadpool_info()] == before, "the pools must be restored"
 
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_noise_is_reported_in_the_result():
     clk = FakeClock()
     r = benchmark(clk.work([1e-3, 3e-3] * 20), warmup=0, number=1, repeats=20, clock=clk, check_machine=False)
@@ -169,6 +178,7 @@ def test_noise_is_reported_in_the_result():
     assert set(reading) == {"load_average", "cores", "cpu_mhz"} and reading["cores"] >= 1
 
 
+@pytest.mark.exercise("19.2", "benchmark")
 def test_result_to_dict_round_trip_is_json():
     clk = FakeClock()
     r = benchmark(clk.work([1e-3, 2e-3, 1.5e-3] * 3), warmup=0, number=1, repeats=9, clock=clk, check_machine=False,
@@ -178,23 +188,75 @@ def test_result_to_dict_round_trip_is_json():
     assert back == r and d["median"] == r.median and d["cv"] == pytest.approx(r.cv)
 
 
-# ---------------------------------------------------------------- 19.2 bootstrap_median_ci
+@pytest.mark.exercise("19.2", "benchmark")
+def test_benchmark_reads_the_machine_around_the_run_and_uses_its_interval():
+    clk = FakeClock()
+    readings = []
+    durations = np.random.default_rng(3).lognormal(np.log(1e-3), 0.4, 40)
 
-@pytest.mark.exercise("19.2", "bootstrap_median_ci")
-@settings(max_examples=30, deadline=None)
+    def load():
+        readings.append(clk.now)
+        return {"load_average": 0.5, "cores": 4, "cpu_mhz": None}
+    import tinytorch.perf.benchmark as bm
+    old = bm.machine_load
+    bm.machine_load = load
+    try:
+        r = benchmark(clk.work(durations), warmup=2, number=1, repeats=16, clock=clk, rng=5, confidence=0.9,
+                      n_resamples=300)   # 16 samples: resampled medians average two values, so intervals rarely tie
+    finally:
+        bm.machine_load = old
+    assert readings == [0.0, pytest.approx(durations[:18].sum())], \
+        f"one reading before the warm-up, one after the last sample; got {readings}"
+    assert r.environment == {"before": load(), "after": load()} and r.confidence == 0.9
+    assert r.ci == bootstrap_median_ci(r.samples, 0.9, 300, 5), "the interval is bootstrap_median_ci(samples, confidence, n_resamples, rng)"
+
+
+@pytest.mark.exercise("19.2", "benchmark")
+def test_benchmark_passes_max_cv_and_names_unnamed_runs_after_their_function():
+    clk = FakeClock()
+    varied = clk.work([1e-3, 1.5e-3, 2e-3, 2.5e-3] * 5)   # CV about 0.34
+    assert benchmark(varied, number=1, repeats=8, warmup=0, clock=clk, check_machine=False, max_cv=0.5).warnings == (), \
+        "max_cv=0.5: a CV of 0.34 is no warning"
+    assert benchmark(varied, number=1, repeats=8, warmup=0, clock=clk, check_machine=False).warnings, \
+        "the default max_cv (0.1): a CV of 0.34 is a warning"
+    assert benchmark(np.sum, np.ones(3), number=1, repeats=2, warmup=0, check_machine=False).name == "sum", \
+        "an unnamed run is named after its function"
+
+
+def test_benchmark_interleaved_takes_turns_round_by_round():
+    clk = FakeClock()
+    order = []
+
+    def fn(name, seconds):
+        def f():
+            order.append(name)
+            clk.now += seconds
+        return f
+    runs = benchmark_interleaved({"a": fn("a", 1e-3), "b": fn("b", 3e-3), "c": fn("c", 2e-3)}, budget_s=1e-9,
+                                 min_rounds=4, min_repeat_time=0.0, clock=clk, check_machine=False, rng=0)
+    timed = order[3:]   # after one warm-up call each (min_repeat_time 0: one call per sample, no calibration)
+    assert timed == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"], timed
+    assert [len(r.samples) for r in runs.values()] == [4, 4, 4] and runs["b"].median == pytest.approx(3e-3)
+    assert compare(runs["a"], runs["b"]).ratio == pytest.approx(3.0)
+
+
+# ---------------------------------------------------------------- 19.1 bootstrap_median_ci
+
+@pytest.mark.exercise("19.1", "bootstrap_median_ci")
+@property_settings(30)
 @given(n=st.integers(2, 60), seed=st.integers(0, 2 ** 16), conf=st.sampled_from([0.8, 0.9, 0.95, 0.99]))
 def test_bootstrap_equals_its_definition(n, seed, conf):
     x = np.random.default_rng(seed).exponential(1.0, n)
     gen = np.random.default_rng(seed + 1)
     idx = gen.integers(0, n, size=(300, n))
-    want = np.percentile(np.median(x[idx], axis=1), [50 * (1 - conf), 50 * (1 + conf)])
+    want = refs.bootstrap_percentile_interval(np.median, x[idx], conf)
     got = bootstrap_median_ci(x, confidence=conf, n_resamples=300, rng=seed + 1)
     assert isinstance(got, tuple) and all(type(v) is float for v in got)
     np.testing.assert_allclose(got, want, err_msg=f"n={n}, confidence {conf}")
     assert got[0] <= np.median(x) <= got[1]
 
 
-@pytest.mark.exercise("19.2", "bootstrap_median_ci")
+@pytest.mark.exercise("19.1", "bootstrap_median_ci")
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bootstrap_agrees_with_scipy(seed):
     stats = pytest.importorskip("scipy.stats")
@@ -207,7 +269,7 @@ def test_bootstrap_agrees_with_scipy(seed):
         f"scipy.stats.bootstrap gives ({ref.low:.4f}, {ref.high:.4f}); got ({lo:.4f}, {hi:.4f})"
 
 
-@pytest.mark.exercise("19.2", "bootstrap_median_ci")
+@pytest.mark.exercise("19.1", "bootstrap_median_ci")
 def test_bootstrap_interval_covers_the_true_median_about_95_percent_of_the_time():
     rng = np.random.default_rng(0)
     true_median = np.exp(0.0)  # lognormal(0, 0.5)
@@ -216,7 +278,7 @@ def test_bootstrap_interval_covers_the_true_median_about_95_percent_of_the_time(
     assert 0.88 <= hits / 300 <= 0.995, f"a 95% interval covered the true median in {hits}/300 experiments"
 
 
-@pytest.mark.exercise("19.2", "bootstrap_median_ci")
+@pytest.mark.exercise("19.1", "bootstrap_median_ci")
 def test_bootstrap_errors():
     with pytest.raises(ValueError, match=r"bootstrap_median_ci: need at least 2 finite samples; got 1$"):
         bootstrap_median_ci([1.0])
@@ -228,10 +290,10 @@ def test_bootstrap_errors():
         bootstrap_median_ci([1.0, 2.0], n_resamples=0)
 
 
-# ---------------------------------------------------------------- 19.3 compare
+# ---------------------------------------------------------------- 19.3 Comparison.verdict and compare
 
 @pytest.mark.exercise("19.3", "compare")
-@settings(max_examples=25, deadline=None)
+@property_settings(25)
 @given(speedup=st.floats(1.3, 20.0), seed=st.integers(0, 2 ** 16), na=st.integers(10, 40), nb=st.integers(10, 40))
 def test_compare_finds_a_clear_difference_with_an_interval_around_it(speedup, seed, na, nb):
     g = np.random.default_rng(seed)
@@ -248,7 +310,7 @@ def test_compare_finds_a_clear_difference_with_an_interval_around_it(speedup, se
 
 
 @pytest.mark.exercise("19.3", "compare")
-@settings(max_examples=25, deadline=None)
+@property_settings(25)
 @given(na=st.integers(2, 40), nb=st.integers(2, 40), seed=st.integers(0, 2 ** 16),
        conf=st.sampled_from([0.8, 0.9, 0.95, 0.99]))
 def test_compare_interval_equals_its_definition(na, nb, seed, conf):
@@ -257,7 +319,8 @@ def test_compare_interval_equals_its_definition(na, nb, seed, conf):
     gen = np.random.default_rng(seed + 1)
     ia = gen.integers(0, na, size=(300, na))  # a's indices first, then b's
     ib = gen.integers(0, nb, size=(300, nb))
-    want = np.percentile(np.median(b[ib], axis=1) / np.median(a[ia], axis=1), [50 * (1 - conf), 50 * (1 + conf)])
+    pairs = np.concatenate([b[ib], a[ia]], axis=1)   # each row: b's resample then a's
+    want = refs.bootstrap_percentile_interval(lambda row: np.median(row[:nb]) / np.median(row[nb:]), pairs, conf)
     c = compare(a, b, confidence=conf, n_resamples=300, rng=seed + 1)
     assert all(type(v) is float for v in (c.ratio, c.low, c.high, c.confidence))
     assert np.allclose([c.low, c.high], want, rtol=1e-9, atol=0), (
@@ -311,11 +374,63 @@ def test_compare_carries_noise_warnings_and_checks_input():
     a = BenchmarkResult("a", (1.0, 1.1, 0.9), 1, (0.9, 1.1), warnings=("machine busy: load average 9.00 above its 2 core(s)",))
     b = BenchmarkResult("b", (2.0, 2.1, 1.9), 1, (1.9, 2.1))
     c = compare(a, b)
-    assert c.notes == ("a: machine busy: load average 9.00 above its 2 core(s)",) and "[unreliable: a: machine busy" in c.verdict
+    assert c.notes == ("machine busy: load average 9.00 above its 2 core(s)",) and "[unreliable: machine busy" in c.verdict
+    noisy = BenchmarkResult("b", (2.0, 2.1, 1.9), 1, (1.9, 2.1), warnings=("high variation: CV 20.0% > 10% over 3 samples",
+                                                                          "machine busy: load average 9.00 above its 2 core(s)"))
+    assert compare(a, noisy).notes == ("machine busy: load average 9.00 above its 2 core(s)",
+                                       "b: high variation: CV 20.0% > 10% over 3 samples"), "the machine's warning once"
     with pytest.raises(ValueError, match=r"compare: A needs at least 2 positive finite timings \(seconds\); got 1 value"):
         compare([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="compare: B needs at least 2 positive finite timings .*smallest -1"):
         compare([1.0, 2.0], [1.0, -1.0])
+
+
+@pytest.mark.exercise("19.3", "Comparison.verdict")
+@pytest.mark.parametrize("ratio, low, high, confidence, notes, says", [
+    (2.0, 1.97, 2.03, 0.95, (), "A is 2.00x faster than B (95% CI 1.97-2.03)"),
+    (0.8, 0.75, 0.85, 0.95, (), "A is 1.25x slower than B (95% CI 1.18-1.33)"),
+    (0.98, 0.95, 1.02, 0.9, (), "no significant difference between A and B (ratio 0.98, 90% CI 0.95-1.02)"),
+    (1.0, 0.99, 1.0, 0.95, (), "no significant difference between A and B (ratio 1.00, 95% CI 0.99-1.00)"),
+    (1.01, 0.96, 1.04, 0.95, (), "no significant difference between A and B (ratio 1.01, 95% CI 0.96-1.04)"),
+    (0.99, 0.97, 1.03, 0.95, (), "no significant difference between A and B (ratio 0.99, 95% CI 0.97-1.03)"),
+    (3.0, 2.5, 3.5, 0.99, ("a: busy", "b: hot"), "A is 3.00x faster than B (99% CI 2.50-3.50) [unreliable: a: busy; b: hot]"),
+])
+def test_verdict_words_each_case(ratio, low, high, confidence, notes, says):
+    c = Comparison("A", "B", ratio, low, high, confidence, notes)
+    assert c.verdict == says and str(c) == says, f"expected {says!r}; got {c.verdict!r}"
+    assert c.significant == (low > 1 or high < 1)
+
+
+# ---------------------------------------------------------------- 19.4 speed_verdict
+
+@pytest.mark.exercise("19.4", "speed_verdict")
+@property_settings(60)
+@given(a=st.floats(0.01, 10), b=st.floats(0.01, 10), target=st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]),
+       at_least=st.booleans())
+def test_speed_verdict_equals_the_three_outcome_definition_and_the_milestone_judge(a, b, target, at_least):
+    from tito import harness
+    low, high = min(a, b), max(a, b)
+    got, want = speed_verdict(low, high, target, at_least), refs.three_outcomes(low, high, target, at_least)
+    assert got == want, (f"speed_verdict({low!r}, {high!r}, target={target}, at_least={at_least}) returned {got!r}; "
+                         f"an interval {'at or above' if at_least else 'at or below'} the target throughout is met, one "
+                         f"wholly on the other side is not met, one across it is too noisy to tell: {want!r}")
+    assert {MET: harness.PASS, NOT_MET: harness.FAIL, NOISY: harness.NOISY}[got] == \
+        harness.judge(harness.Interval(low, high), ">=" if at_least else "<=", target), "the milestone judges alike"
+    assert speed_verdict(low, low, target, at_least) != NOISY, "a point value is never too noisy to tell"
+
+
+@pytest.mark.exercise("19.4", "speed_verdict")
+def test_speed_verdict_on_comparisons_and_errors():
+    g = np.random.default_rng(0)
+    c = compare(1e-3 * g.lognormal(0, 0.01, 30), 2.5e-3 * g.lognormal(0, 0.01, 30), rng=0)
+    assert (c.judge(2.0), c.judge(3.0), c.judge(2.5)) == (MET, NOT_MET, NOISY), (c.low, c.high)
+    assert c.judge(0.5, at_least=False) == NOT_MET and c.judge(3.0, at_least=False) == MET
+    for low, high, target, at_least, want in ((0.4, 0.5, 0.5, False, MET), (0.5, 0.6, 0.5, False, NOISY),
+                                              (2.0, 2.2, 2.0, True, MET), (1.8, 2.0, 2.0, True, NOISY)):
+        assert speed_verdict(low, high, target, at_least) == want, \
+            f"an interval ending exactly at the target ({low}, {high}, target {target}, at_least={at_least}): {want}"
+    with pytest.raises(ValueError, match="speed_verdict: low must be <= high; got low=2.0, high=1.0"):
+        speed_verdict(2.0, 1.0, 1.5)
 
 
 # ---------------------------------------------------------------- throughput (given)
@@ -337,20 +452,20 @@ def test_throughput_rows_follow_a_known_cost_model():
         throughput(model, np.zeros((300, 4)), (301,), clock=clk)
 
 
-# ---------------------------------------------------------------- 19.4 pareto_front
+# ---------------------------------------------------------------- 19.5 pareto_front
 
-@pytest.mark.exercise("19.4", "pareto_front")
-@settings(max_examples=40, deadline=None)
+@pytest.mark.exercise("19.5", "pareto_front")
+@property_settings(40)
 @given(n=st.integers(1, 25), k=st.integers(1, 4), seed=st.integers(0, 2 ** 16))
 def test_pareto_front_equals_brute_force(n, k, seed):
     pts = np.random.default_rng(seed).integers(0, 4, (n, k)).astype(float)  # small integers: many ties
     got = pareto_front(pts)
-    want = [not any(np.all(pts[j] <= pts[i]) and np.any(pts[j] < pts[i]) for j in range(n)) for i in range(n)]
+    want = [not d for d in refs.dominated(pts)]
     assert got.dtype == bool and got.shape == (n,)
     assert got.tolist() == want, f"costs\n{pts}\nexpected {want}; got {got.tolist()}"
 
 
-@pytest.mark.exercise("19.4", "pareto_front")
+@pytest.mark.exercise("19.5", "pareto_front")
 def test_pareto_front_errors():
     with pytest.raises(ValueError, match=r"pareto_front: costs must be a 2-D \(models, objectives\) array of finite numbers; got shape \(3,\)"):
         pareto_front([1, 2, 3])
@@ -378,7 +493,7 @@ def test_result_file_round_trip_and_machine_record(tmp_path):
 
 
 def test_write_results_is_atomic(tmp_path, monkeypatch):
-    import tinytorch.perf.benchmark as bm
+    import tinytorch.perf.results as bm
 
     m = {"cpu_model": "test cpu", "git": None}
     path = write_results(tmp_path / "me.json", [_row("fp32", 3e-5)], "me", machine=m)

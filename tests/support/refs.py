@@ -414,3 +414,32 @@ def clip_by_total_norm(grads, max_norm):
     norm = math.sqrt(sum(float(np.sum(g * g)) for g in present))
     factor = min(1.0, max_norm / (norm + 1e-6))
     return [None if g is None else np.asarray(g, dtype=np.float64) * factor for g in grads], norm
+
+
+# ---------------------------------------------------------------------------------------------
+# Module 19: the statistics of benchmarking, written from their definitions
+# ---------------------------------------------------------------------------------------------
+def bootstrap_percentile_interval(statistic, resamples, confidence):
+    """The percentile-bootstrap interval: the `50 (1 -+ confidence)` percentiles of `statistic` over the rows of
+    `resamples` (Efron and Tibshirani, 1993, ch. 13; `scipy.stats.bootstrap(method="percentile")`)."""
+    values = np.array([statistic(row) for row in np.asarray(resamples, dtype=np.float64)])
+    lo, hi = np.percentile(values, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return float(lo), float(hi)
+
+
+def dominated(costs):
+    """Row i of `costs` (every column a cost to minimize) is dominated when some row j is no larger in every
+    column and smaller in one: the definition, one pair of rows at a time."""
+    c = np.asarray(costs, dtype=np.float64)
+    return [any(np.all(c[j] <= c[i]) and np.any(c[j] < c[i]) for j in range(len(c))) for i in range(len(c))]
+
+
+def three_outcomes(low, high, target, at_least=True):
+    """An engineer's verdict on a target from an interval: "met" when the whole interval satisfies it, "not met"
+    when no point of it does, else "too noisy to tell" (the interval straddles the target)."""
+    ok = (lambda v: v >= target) if at_least else (lambda v: v <= target)
+    if ok(low) and ok(high):
+        return "met"
+    if not ok(low) and not ok(high):
+        return "not met"
+    return "too noisy to tell"

@@ -268,7 +268,7 @@ class GPT(Module):
         ### END SOLUTION
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed=None, use_cache: bool = False) -> np.ndarray:
+                 seed=None, decoder=None) -> np.ndarray:
         """Extend `idx` `(B, T)` by `max_new_tokens` sampled tokens; returns ids `(B, T + max_new_tokens)`.
 
         TODO (Exercise 13.6): the sampling loop, without a cache, under `no_grad` and in eval mode
@@ -280,8 +280,10 @@ class GPT(Module):
         - `rng` is ONE generator for the whole loop, made from `seed` with `as_generator`: the same
           seed gives the same tokens, and every step draws new random numbers.
         - The checks are given (a negative temperature or a `top_k < 1` raise ValueError).
-        - `use_cache=True` (given) hands the whole job to module 18's `generate_cached`, which keeps
-          keys and values instead of recomputing the context and returns the same tokens.
+        - `decoder` (given): another decoding loop with `generate`'s arguments, called instead of
+          this one, `decoder(model, idx, max_new_tokens, temperature, top_k, seed)`. Module 18's
+          `generate_cached` is one (`decoder=generate_cached`): it keeps keys and values instead
+          of recomputing the context and returns the same tokens. The model imports none of it.
 
         HINTS: `no_grad`; the `training` flag with `eval` and `train`; `try` / `finally`;
         `np.concatenate`.
@@ -291,14 +293,11 @@ class GPT(Module):
             raise ValueError(f"generate: temperature must be >= 0 (0 is greedy); got {temperature}")
         if top_k is not None and (not isinstance(top_k, numbers.Integral) or top_k < 1):
             raise ValueError(f"generate: top_k must be a positive integer or None; got {top_k!r}")
-        if use_cache:  # the serving seam: module 18 writes the cache, this branch is all 13 knows of it
-            try:
-                from tinytorch.perf.kv_cache import generate_cached
-            except ImportError as e:
-                raise RuntimeError("generate(use_cache=True) needs module 18 (memoization) exported: "
-                                   "complete it with `tito module complete 18`, or call generate without "
-                                   "use_cache") from e
-            return generate_cached(self, idx, max_new_tokens, temperature, top_k, seed)
+        if decoder is not None:  # the serving seam: module 18 passes its cached loop in; 13 imports nothing of it
+            if not callable(decoder):
+                raise TypeError(f"generate: decoder must be a function like module 18's generate_cached; got "
+                                f"{type(decoder).__name__}")
+            return decoder(self, idx, max_new_tokens, temperature, top_k, seed)
         ### BEGIN SOLUTION
         rng = as_generator(seed)
         was_training = self.training

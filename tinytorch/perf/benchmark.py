@@ -3,78 +3,25 @@
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b002
 from __future__ import annotations
 
-import datetime
-import gc
-import json
-import math
 import numbers
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from ..core.layers import as_generator
+from .measure import (Summary, calibrate, format_seconds, interleave, machine_load, noise_warnings,
+                                    run_samples, thread_limit)
 
 # %% auto #0
-__all__ = ['RESULT_SCHEMA', 'WORKLOAD', 'WORKLOAD_VERSION', 'REQUIRED_KEYS', 'calibrate', 'bootstrap_median_ci', 'format_seconds',
-           'BenchmarkResult', 'cpu_frequency_mhz', 'machine_load', 'noise_warnings', 'thread_limit', 'benchmark',
-           'Comparison', 'compare', 'throughput', 'pareto_front', 'cpu_model', 'package_versions', 'blas_info',
-           'git_revision', 'machine_info', 'result_row', 'write_results', 'read_results', 'merge_leaderboard',
-           'format_leaderboard']
-
-# %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b007
-def calibrate(fn, clock=time.perf_counter, min_time: float = 0.2, max_number: int = 10 ** 8) -> tuple:
-    """How many calls of `fn()` make one sample last at least `min_time` seconds on `clock`: `(number, seconds)`.
-
-    TODO (Exercise 19.1): timeit's autorange: try growing loops until one is long enough.
-
-    CONTRACT:
-    - Try `number` = 1, 2, 5, 10, 20, 50, 100, ... (1, 2 and 5 times each power of ten, in that
-      order). For each: read `clock()`, call `fn()` (no arguments) `number` times, read `clock()`
-      again; the loop's duration is the difference of the two readings.
-    - Return `(number, duration)` of the first loop that lasted at least `min_time`, or of the
-      first loop whose `number` reached `max_number` (a function too fast for the clock stops
-      there). `number` is an int, `duration` a float.
-    - The clock is read exactly twice per loop and nowhere else, so a fake clock sees the same
-      readings as with `timeit.Timer(fn, timer=clock).autorange()` (which fixes `min_time = 0.2`).
-    - The checks above the solution raise `ValueError("calibrate: min_time must be a positive
-      number of seconds; got 0")` and the same for `max_number` (a positive int).
-
-    EXAMPLE: a function that takes 3 ms with `min_time=0.01`: loops of 1 (3 ms), 2 (6 ms) and 5
-    calls (15 ms): returns `(5, 0.015)`.
-
-    HINTS: two nested loops (over the powers of ten and over the three factors), or a generator of
-    the sequence; `range`.
-    """
-    if isinstance(min_time, bool) or not isinstance(min_time, numbers.Real) or not min_time > 0:
-        raise ValueError(f"calibrate: min_time must be a positive number of seconds; got {min_time!r}")
-    if isinstance(max_number, bool) or not isinstance(max_number, numbers.Integral) or max_number < 1:
-        raise ValueError(f"calibrate: max_number must be a positive int; got {max_number!r}")
-    ### BEGIN SOLUTION
-    power = 1
-    while True:
-        for factor in (1, 2, 5):
-            number = power * factor
-            start = clock()
-            for _ in range(number):
-                fn()
-            duration = clock() - start
-            if duration >= min_time or number >= max_number:
-                return number, float(duration)
-        power *= 10
-    ### END SOLUTION
+__all__ = ['MET', 'NOT_MET', 'NOISY', 'bootstrap_median_ci', 'BenchmarkResult', 'benchmark', 'benchmark_interleaved',
+           'Comparison', 'compare', 'speed_verdict', 'throughput', 'pareto_front']
 
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b011
 def bootstrap_median_ci(samples, confidence: float = 0.95, n_resamples: int = 2000, rng=None) -> tuple:
     """The percentile-bootstrap confidence interval of the median of `samples`: `(low, high)` floats.
 
-    TODO (Exercise 19.2): resample with replacement, take each resample's median, read two percentiles.
+    TODO (Exercise 19.1): resample with replacement, take each resample's median, read two percentiles.
 
     CONTRACT:
     - `samples`: a 1-D sequence of at least 2 finite numbers (the checks above the solution raise
@@ -111,19 +58,12 @@ def bootstrap_median_ci(samples, confidence: float = 0.95, n_resamples: int = 20
     ### END SOLUTION
 
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b015
-def format_seconds(seconds: float) -> str:
-    "A duration with a readable unit: 1.5 s, 2.3 ms, 41.2 us, 870 ns."
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
 @dataclass(frozen=True)
-class BenchmarkResult:
+class BenchmarkResult(Summary):
     """What `benchmark` measured: the samples (seconds per call) and their summaries.
 
-    `samples`: one entry per repeat, each the mean over `number` calls. `ci`: the bootstrap
+    `samples`: one entry per repeat, each the mean over `number` calls; `median`, `mean`, `std`,
+    `cv`, `percentile(q)`, `percentiles()` come from `measure.Summary`. `ci`: the bootstrap
     confidence interval of the median at `confidence`. `warnings`: why the run may not be
     trustworthy (empty when nothing was detected). `environment`: the machine's load and CPU
     frequency before and after the run. `threads`: the BLAS threads it was pinned to (None: not pinned).
@@ -139,35 +79,9 @@ class BenchmarkResult:
     environment: dict = field(default_factory=dict)
 
     @property
-    def median(self) -> float:
-        return float(np.median(self.samples))
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.samples))
-
-    @property
-    def std(self) -> float:
-        "Sample standard deviation (ddof=1); 0 for a single sample."
-        return float(np.std(self.samples, ddof=1)) if len(self.samples) > 1 else 0.0
-
-    @property
-    def cv(self) -> float:
-        "Coefficient of variation: std / mean (0 when the mean is 0)."
-        return self.std / self.mean if self.mean else 0.0
-
-    @property
     def reliable(self) -> bool:
         "True when no noise was detected."
         return not self.warnings
-
-    def percentile(self, q: float) -> float:
-        "The q-th percentile (0-100) of the samples, NumPy's linear interpolation."
-        return float(np.percentile(self.samples, q))
-
-    def percentiles(self, qs=(50, 95, 99)) -> dict:
-        "`{'p50': ..., 'p95': ..., 'p99': ...}` of the samples (per-call latencies when `number == 1`)."
-        return {f"p{q:g}": self.percentile(q) for q in qs}
 
     def to_dict(self) -> dict:
         "A JSON-ready dict (the samples included), read back by `BenchmarkResult.from_dict`."
@@ -191,84 +105,32 @@ class BenchmarkResult:
         return text
 
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b017
-def cpu_frequency_mhz():
-    "The CPUs' mean current clock rate in MHz (psutil, else /proc/cpuinfo); None where neither reports it."
-    try:
-        import psutil
-
-        freq = psutil.cpu_freq()
-        if freq is not None and freq.current:
-            return float(freq.current)
-    except Exception:  # psutil missing, or no frequency interface on this system
-        pass
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            mhz = [float(line.split(":")[1]) for line in f if line.lower().startswith("cpu mhz")]
-        return float(np.mean(mhz)) if mhz else None
-    except (OSError, ValueError):
-        return None
-
-
-def machine_load() -> dict:
-    "`{'load_average': 1-minute load or None, 'cores': logical CPUs, 'cpu_mhz': frequency or None}` now."
-    try:
-        load = float(os.getloadavg()[0])
-    except (AttributeError, OSError):  # Windows has no load average
-        load = None
-    return {"load_average": load, "cores": os.cpu_count() or 1, "cpu_mhz": cpu_frequency_mhz()}
-
-
-def noise_warnings(samples, before: dict | None = None, after: dict | None = None, max_cv: float = 0.1,
-                   max_frequency_change: float = 0.05) -> list:
-    """Why a run's numbers may not be trusted: high CV, load above the core count, CPU frequency change.
-
-    `before`/`after`: `machine_load()` readings taken around the run (None: not checked).
-    Returns a list of messages, empty for a clean run.
-    """
-    x = np.asarray(samples, dtype=np.float64)
-    found = []
-    if x.size > 1 and x.mean() > 0:
-        cv = float(x.std(ddof=1) / x.mean())
-        if cv > max_cv:
-            found.append(f"high variation: CV {cv:.1%} > {max_cv:.0%} over {x.size} samples")
-    if before and after:
-        loads = [r["load_average"] for r in (before, after) if r.get("load_average") is not None]
-        cores = before.get("cores") or 1
-        if loads and max(loads) > cores:
-            found.append(f"machine busy: load average {max(loads):.2f} above its {cores} core(s)")
-        f0, f1 = before.get("cpu_mhz"), after.get("cpu_mhz")
-        if f0 and f1 and abs(f1 - f0) / f0 > max_frequency_change:
-            found.append(f"CPU frequency changed during the run: {f0:.0f} -> {f1:.0f} MHz")
-    return found
-
-
-class _NoLimit:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def thread_limit(threads):
-    "A context pinning the BLAS/OpenMP thread pools to `threads` (threadpoolctl); None changes nothing."
-    if threads is None:
-        return _NoLimit()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=int(threads))
-
-
 def benchmark(fn, *args, warmup: int = 1, min_time: float = 0.02, repeats: int = 20, number: int | None = None,
               clock=time.perf_counter, threads: int | None = None, name: str | None = None,
               confidence: float = 0.95, n_resamples: int = 2000, rng=0, max_cv: float = 0.1,
               check_machine: bool = True) -> BenchmarkResult:
-    """Time `fn(*args)`: `warmup` untimed calls, then `repeats` samples of `number` calls each.
+    """Time `fn(*args)`: `warmup` untimed calls, then `repeats` samples of `number` calls each, with an interval.
 
-    `number=None` calibrates it so that one sample lasts at least `min_time` seconds on `clock`
-    (`calibrate`); `number=1` times every call on its own (per-call latencies, for percentiles).
-    The garbage collector is paused while timing. `threads` pins BLAS threads for the run.
-    `check_machine=False` skips the load/frequency readings (deterministic tests).
+    TODO (Exercise 19.2): the harness of section 3 on the course's timing stack and your interval.
+
+    CONTRACT:
+    - The checks above the solution refuse bad arguments; `call` (given) is `fn(*args)`.
+    - Everything below runs inside `thread_limit(threads)`. With `check_machine`, one `machine_load()`
+      reading is taken before the warm-up and one after the last sample (else both are None).
+    - `warmup` untimed calls; then, when `number` is None, `calibrate(call, clock=clock,
+      min_time=min_time)` chooses it; then `run_samples(call, number, repeats, clock)` gives the
+      samples (seconds per call). The clock is read only by those two.
+    - `ci`: `bootstrap_median_ci(samples, confidence, n_resamples, rng)`; `warnings`:
+      `noise_warnings(samples, before, after, max_cv)`; `environment`: `{"before": ..., "after": ...}`
+      with `check_machine`, else `{}`.
+    - Returns `BenchmarkResult(name, samples, number, ci, confidence, warnings, threads, environment)`
+      with the samples as a tuple of floats, `number` an int, the warnings a tuple, and `name` the
+      given one or else `fn.__name__` (`"fn"` for a callable without one).
+    EXAMPLE: a function that advances a fake clock by 2 ms per call, `min_time=0.01`, `repeats=3`:
+    `number` 5 (loops of 1, 2, 5 calls), samples `(0.002, 0.002, 0.002)`, interval `(0.002, 0.002)`.
+
+    HINTS: `thread_limit`, `machine_load`, `calibrate`, `run_samples`, `noise_warnings` (all in
+    `tinytorch.perf.measure`) and your `bootstrap_median_ci`; a `with` statement.
     """
     if not callable(fn):
         raise TypeError(f"benchmark: fn must be callable; got {type(fn).__name__}")
@@ -281,30 +143,45 @@ def benchmark(fn, *args, warmup: int = 1, min_time: float = 0.02, repeats: int =
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1):
         raise ValueError(f"benchmark: threads must be None (leave the BLAS pools alone) or a positive int; got {threads!r}")
     call = (lambda: fn(*args)) if args else fn
+    ### BEGIN SOLUTION
     with thread_limit(threads):
         before = machine_load() if check_machine else None
         for _ in range(warmup):
             call()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            if number is None:
-                number, _ = calibrate(call, clock=clock, min_time=min_time)
-            samples = []
-            for _ in range(repeats):
-                start = clock()
-                for _ in range(number):
-                    call()
-                samples.append((clock() - start) / number)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        if number is None:
+            number, _ = calibrate(call, clock=clock, min_time=min_time)
+        samples = run_samples(call, number, repeats, clock)
         after = machine_load() if check_machine else None
     ci = bootstrap_median_ci(samples, confidence, n_resamples, rng)
     found = noise_warnings(samples, before, after, max_cv)
     env = {"before": before, "after": after} if check_machine else {}
     return BenchmarkResult(name or getattr(fn, "__name__", "fn"), tuple(float(s) for s in samples), int(number),
                            ci, float(confidence), tuple(found), threads, env)
+    ### END SOLUTION
+
+
+def benchmark_interleaved(candidates: dict, *args, budget_s: float = 2.0, min_rounds: int = 5,
+                          min_repeat_time: float = 0.005, threads: int | None = None, clock=time.perf_counter,
+                          confidence: float = 0.95, n_resamples: int = 2000, rng=0, max_cv: float = 0.1,
+                          check_machine: bool = True) -> dict:
+    """Every candidate `fn(*args)` timed in turns for about `budget_s` seconds: `{name: BenchmarkResult}` (given).
+
+    The rounds of `measure.interleave`, so that all candidates see the same machine load: the honest
+    input for `compare`. Each result has its bootstrap interval and its noise warnings (of its samples
+    and of the machine around the run); `samples[i]` is from round `i`.
+    """
+    calls = {name: ((lambda f=f: f(*args)) if args else f) for name, f in candidates.items()}
+    read = machine_load if check_machine else (lambda: None)
+    with thread_limit(threads):
+        start = read()
+        turns = interleave(calls, budget_s=budget_s, min_rounds=min_rounds, min_repeat_time=min_repeat_time,
+                           clock=clock)
+        end = read()
+    env = dict(before=start, after=end) if check_machine else {}
+    return {name: BenchmarkResult(name, tuple(float(s) for s in t.times), t.number,
+                                  bootstrap_median_ci(t.times, confidence, n_resamples, rng), float(confidence),
+                                  tuple(noise_warnings(t.times, start, end, max_cv)), threads, env)
+            for name, t in turns.items()}
 
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b025
 @dataclass(frozen=True)
@@ -321,12 +198,31 @@ class Comparison:
 
     @property
     def significant(self) -> bool:
-        "True when the interval excludes 1."
+        "True when the interval excludes 1 (Exercise 19.3, part 1: the data show a difference)."
+        ### BEGIN SOLUTION
         return self.low > 1 or self.high < 1
+        ### END SOLUTION
 
     @property
     def verdict(self) -> str:
+        """The comparison in words, as a reader of a benchmark report needs it.
+
+        TODO (Exercise 19.3, part 1): three sentences, chosen by where the interval lies against 1.
+
+        CONTRACT (`ci` is `f"{confidence:.0%} CI"`, every number with two decimals):
+        - the interval above 1: `"A is 2.00x faster than B (95% CI 1.97-2.03)"` (`ratio`, `low`, `high`);
+        - the interval below 1: A is slower, said the other way round so that the number is above 1:
+          `"A is 1.25x slower than B (95% CI 1.20-1.31)"`: the factor `1 / ratio` and the interval of
+          that factor (the interval of `1 / ratio` has its ends swapped);
+        - otherwise `"no significant difference between A and B (ratio 0.98, 95% CI 0.95-1.02)"`;
+        - with `notes`, `" [unreliable: "` + the notes joined by `"; "` + `"]"` is appended.
+        EXAMPLE: `Comparison("fast", "slow", 0.8, 0.75, 0.85).verdict` is
+        `"fast is 1.25x slower than slow (95% CI 1.18-1.33)"`.
+
+        HINTS: f-strings with `:.2f`; `1 / x` turns a low end into a high end.
+        """
         ci = f"{self.confidence:.0%} CI"
+        ### BEGIN SOLUTION
         if self.low > 1:
             text = f"{self.name_a} is {self.ratio:.2f}x faster than {self.name_b} ({ci} {self.low:.2f}-{self.high:.2f})"
         elif self.high < 1:
@@ -338,6 +234,12 @@ class Comparison:
         if self.notes:
             text += " [unreliable: " + "; ".join(self.notes) + "]"
         return text
+        ### END SOLUTION
+
+    def judge(self, target: float, at_least: bool = True) -> str:
+        """Is A at least `target` times faster than B (`at_least=False`: at most)? `MET`, `NOT_MET` or
+        `NOISY` from the interval of the ratio (your `speed_verdict`)."""
+        return speed_verdict(self.low, self.high, target, at_least)
 
     def __str__(self) -> str:
         return self.verdict
@@ -360,13 +262,13 @@ def _timing_samples(x, who: str, label: str) -> tuple:
 def compare(a, b, confidence: float = 0.95, n_resamples: int = 2000, rng=0) -> Comparison:
     """How many times faster `a` is than `b`, with a bootstrap confidence interval of the ratio of medians.
 
-    TODO (Exercise 19.3): the ratio median(b) / median(a), and its percentile-bootstrap interval.
+    TODO (Exercise 19.3, part 2): the ratio median(b) / median(a), and its percentile-bootstrap interval.
 
     CONTRACT:
     - `a`, `b`: `BenchmarkResult`s or 1-D sequences of positive timings (seconds). The given code
       above the solution turns them into `(name, samples)` pairs `name_a, xa` and `name_b, xb`
       (names "A" and "B" for plain sequences; its ValueError for bad input) and collects `notes`,
-      the two results' noise warnings.
+      the two results' noise warnings (each named by its result; a warning about the machine once).
     - `ratio = median(xb) / median(xa)` (> 1: `a` is faster).
     - With one Generator made from `rng`: draw `a`'s resample indices first, an
       `(n_resamples, len(xa))` array uniform in `[0, len(xa))` from one `integers` call, then `b`'s,
@@ -386,7 +288,8 @@ def compare(a, b, confidence: float = 0.95, n_resamples: int = 2000, rng=0) -> C
     name_b, xb = _timing_samples(b, "compare", "B")
     if isinstance(confidence, bool) or not isinstance(confidence, numbers.Real) or not 0 < confidence < 1:
         raise ValueError(f"compare: confidence must be between 0 and 1 (0.95 for a 95% interval); got {confidence!r}")
-    notes = tuple(f"{r.name}: {w}" for r in (a, b) if isinstance(r, BenchmarkResult) for w in r.warnings)
+    notes = tuple(dict.fromkeys(w if w.startswith(("machine busy", "CPU frequency")) else f"{r.name}: {w}"
+                                for r in (a, b) if isinstance(r, BenchmarkResult) for w in r.warnings))
     ### BEGIN SOLUTION
     gen = as_generator(rng)
     ia = gen.integers(0, xa.size, size=(n_resamples, xa.size))
@@ -395,6 +298,39 @@ def compare(a, b, confidence: float = 0.95, n_resamples: int = 2000, rng=0) -> C
     low, high = np.percentile(ratios, [50 * (1 - confidence), 50 * (1 + confidence)])
     ratio = float(np.median(xb) / np.median(xa))
     return Comparison(name_a, name_b, ratio, float(low), float(high), float(confidence), notes)
+    ### END SOLUTION
+
+# %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b029a
+MET, NOT_MET, NOISY = "met", "not met", "too noisy to tell"
+
+
+def speed_verdict(low: float, high: float, target: float, at_least: bool = True) -> str:
+    """A target on a quantity known to lie in `[low, high]`: `MET`, `NOT_MET` or `NOISY`.
+
+    TODO (Exercise 19.4): three outcomes from an interval and a threshold.
+
+    CONTRACT:
+    - `at_least=True`: the target is "the quantity is at least `target`" (a speed-up of at least
+      2x). `MET` when the whole interval is at or above it, `NOT_MET` when the whole interval is
+      below it, `NOISY` when the interval straddles it (part below, part at or above).
+    - `at_least=False`: the target is "at most `target`" (a latency ratio of at most 0.5), the same
+      with the directions swapped: `MET` when the whole interval is at or below it.
+    - A point value is an interval with `low == high`: then the answer is never `NOISY`.
+    - `low > high` raises `ValueError("speed_verdict: low must be <= high; got low=2.0, high=1.0")`
+      (given, above the solution).
+    EXAMPLE: `speed_verdict(2.3, 2.9, 2.0)` is `MET`; `speed_verdict(1.7, 2.4, 2.0)` is `NOISY`;
+    `speed_verdict(0.6, 0.7, 0.5, at_least=False)` is `NOT_MET`.
+
+    HINTS: two comparisons decide it; the constants `MET`, `NOT_MET`, `NOISY` above.
+    """
+    if not low <= high:
+        raise ValueError(f"speed_verdict: low must be <= high; got low={low!r}, high={high!r}")
+    ### BEGIN SOLUTION
+    if at_least:
+        good, bad = low >= target, high < target
+    else:
+        good, bad = high <= target, low > target
+    return MET if good else NOT_MET if bad else NOISY
     ### END SOLUTION
 
 # %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b032
@@ -418,7 +354,7 @@ def throughput(fn, inputs, batch_sizes=(1, 16, 64, 256), **options) -> list:
 def pareto_front(costs) -> np.ndarray:
     """Which rows of `costs` are not dominated: a boolean mask, True for the Pareto-optimal rows.
 
-    TODO (Exercise 19.4): row i is dominated when another row is <= on every column and < on one.
+    TODO (Exercise 19.5): row i is dominated when another row is <= on every column and < on one.
 
     CONTRACT:
     - `costs`: an `(n, k)` array-like of finite numbers, every column a cost to *minimize* (negate
@@ -447,197 +383,3 @@ def pareto_front(costs) -> np.ndarray:
     dominated = np.any(no_worse & better, axis=0)
     return ~dominated
     ### END SOLUTION
-
-# %% ../../modules/19_benchmarking/19_benchmarking.ipynb #b047
-RESULT_SCHEMA = 1
-WORKLOAD = "digits-mlp-suite"  # module 19's suite: the 1986 MLP and its optimized variants on the digits
-WORKLOAD_VERSION = 1           # change it whenever the suite changes what it measures
-
-
-def cpu_model() -> str:
-    "The CPU's model name (/proc/cpuinfo on Linux, else platform.processor())."
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def package_versions(names=("numpy", "scipy", "threadpoolctl", "psutil", "tinytorch")) -> dict:
-    "`{name: version or None}` of the installed distributions."
-    from importlib import metadata
-
-    versions = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def blas_info() -> dict:
-    "NumPy's build-time BLAS (name, version) and the thread pools loaded now (threadpoolctl)."
-    info = {"numpy_build": None, "threadpools": []}
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info["numpy_build"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration") if k in blas}
-    except Exception:  # older NumPy or a build without the section
-        pass
-    try:
-        from threadpoolctl import threadpool_info
-
-        info["threadpools"] = [{k: p.get(k) for k in ("user_api", "internal_api", "version", "num_threads",
-                                                          "architecture")} for p in threadpool_info()]
-    except ImportError:
-        pass
-    return info
-
-
-def git_revision(path=None):
-    "`{'commit': hash, 'dirty': bool}` of the git checkout holding `path` (default: this package); None outside git."
-    if path is None:
-        import tinytorch
-
-        path = Path(tinytorch.__file__).resolve().parent
-    where = Path(path)
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                                capture_output=True, text=True, timeout=10)
-        return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def machine_info() -> dict:
-    "Everything a result depends on besides the code: CPU, cores, BLAS, Python, packages, git, date."
-    try:
-        import psutil
-
-        physical = psutil.cpu_count(logical=False)
-    except ImportError:
-        physical = None
-    return {"cpu_model": cpu_model(), "cores_logical": os.cpu_count(), "cores_physical": physical,
-            "platform": platform.platform(), "python": sys.version.split()[0],
-            "implementation": platform.python_implementation(), "blas": blas_info(),
-            "packages": package_versions(), "git": git_revision(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def result_row(result: BenchmarkResult, **metrics) -> dict:
-    "One leaderboard row from a result: model name, median, interval, CV, percentiles, warnings, plus `metrics`."
-    row = {"model": result.name, "median_s": result.median, "ci_low_s": result.ci[0], "ci_high_s": result.ci[1],
-           "cv": result.cv, **{f"{k}_s": v for k, v in result.percentiles().items()},
-           "samples": len(result.samples), "number": result.number, "threads": result.threads,
-           "warnings": list(result.warnings)}
-    row.update(metrics)
-    return row
-
-
-def write_results(path, rows, submitter: str, workload: str = WORKLOAD, workload_version: int = WORKLOAD_VERSION,
-                  machine: dict | None = None) -> Path:
-    "Write a result file (JSON, atomically): the schema, workload and version, submitter, machine and rows."
-    doc = {"schema": RESULT_SCHEMA, "workload": workload, "workload_version": workload_version,
-           "submitter": submitter, "machine": machine if machine is not None else machine_info(),
-           "results": list(rows)}
-    path = Path(path)
-    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    # Atomically: a temporary file beside `path`, then os.replace, so that a leaderboard collecting the
-    # folder never reads half a file, and an interrupted run leaves the old file as it was.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600: the result file gets a new file's usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
-
-
-REQUIRED_KEYS = ("schema", "workload", "workload_version", "submitter", "machine", "results")
-
-
-def read_results(path) -> dict:
-    "Read and check a result file; a ValueError names the file and what is wrong with it."
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"read_results: {path} is not valid JSON ({e}); was it written by write_results?") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"read_results: {path} holds a {type(doc).__name__}, not a result file (a JSON object)")
-    missing = [k for k in REQUIRED_KEYS if k not in doc]
-    if missing:
-        raise ValueError(f"read_results: {path} is not a benchmark result file: missing {', '.join(map(repr, missing))}")
-    if doc["schema"] != RESULT_SCHEMA:
-        raise ValueError(f"read_results: {path} has schema {doc['schema']!r}; this tinytorch reads schema {RESULT_SCHEMA}")
-    if not isinstance(doc["results"], list) or not all(isinstance(r, dict) and "model" in r and "median_s" in r
-                                                       for r in doc["results"]):
-        raise ValueError(f"read_results: {path}: 'results' must be a list of rows with 'model' and 'median_s'")
-    return doc
-
-
-def merge_leaderboard(paths, workload: str | None = None, workload_version: int | None = None,
-                      sort_by: str = "median_s") -> list:
-    """Merge result files into one leaderboard (a list of rows, ascending `sort_by`).
-
-    Every file must be for the same workload and workload version: `workload`/`workload_version`
-    when given, else the first file's. A file of another one is refused with a ValueError naming it.
-    """
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise ValueError("merge_leaderboard: no result files given")
-    rows = []
-    for path in paths:
-        doc = read_results(path)
-        if workload is None:
-            workload, workload_version = doc["workload"], (doc["workload_version"] if workload_version is None
-                                                           else workload_version)
-        if workload_version is None:
-            workload_version = doc["workload_version"]
-        if (doc["workload"], doc["workload_version"]) != (workload, workload_version):
-            raise ValueError(f"merge_leaderboard: {path} was measured on workload {doc['workload']!r} version "
-                             f"{doc['workload_version']}, but this leaderboard is for {workload!r} version "
-                             f"{workload_version}: numbers of different workloads are not comparable; rerun that "
-                             f"submission with the current suite or start a separate leaderboard")
-        machine = doc["machine"] or {}
-        for r in doc["results"]:
-            rows.append({**r, "submitter": doc["submitter"], "cpu": machine.get("cpu_model"),
-                         "commit": (machine.get("git") or {}).get("commit"), "file": path.name})
-    missing = [r["file"] for r in rows if sort_by not in r]
-    if missing:
-        raise ValueError(f"merge_leaderboard: cannot sort by {sort_by!r}: rows of {sorted(set(missing))} lack it")
-    return sorted(rows, key=lambda r: r[sort_by])
-
-
-def format_leaderboard(rows, columns=("submitter", "model", "median_s", "ci_low_s", "ci_high_s", "accuracy", "bytes",
-                                      "cpu")) -> str:
-    "The leaderboard as a text table (seconds formatted with units, missing values as '-')."
-    def cell(key, v):
-        if v is None:
-            return "-"
-        if key.endswith("_s"):
-            return format_seconds(v)
-        if key == "accuracy":
-            return f"{v:.1%}"
-        if isinstance(v, int):
-            return f"{v:,d}"
-        return str(v)
-    table = [list(columns)] + [[cell(c, r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

@@ -3,22 +3,23 @@
 # %% ../../modules/18_memoization/18_memoization.ipynb #c002
 from __future__ import annotations
 
-import math
+import functools
 import numbers
+import types
+from contextlib import contextmanager
 
 import numpy as np
 
-from ..core.activations import GELU
-from ..core.attention import causal_mask
 from ..core.autograd import Function, backward, no_grad
-from ..core.layers import as_generator, check_positive_int
+from ..core.layers import Module, as_generator, check_positive_int
 from ..core.tensor import Tensor, set_grad_enabled
 from ..models.gpt import sample_next
-from ..text.embeddings import LearnedPositionalEmbedding
+from .fused import FusedGPT
 
 # %% auto #0
-__all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'FusedGPT', 'PagedKVCache',
-           'PagedLayerCache', 'CheckpointFunction', 'checkpoint', 'checkpoint_sequential']
+__all__ = ['KVCache', 'make_caches', 'cache_bytes_per_token', 'cached_decode', 'generate_cached', 'PagedKVCache',
+           'PagedLayerCache', 'find_generators', 'RNGState', 'CheckpointFunction', 'checkpoint',
+           'checkpoint_sequential']
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #kv-cache
 class KVCache:
@@ -31,6 +32,8 @@ class KVCache:
     buffers, `nbytes` is the size of both buffers and `bytes_written` the bytes `update` copied in.
     Inference only: the cache stores arrays, no autograd graph.
     """
+
+    accepts_arrays = True   # `update` takes arrays as well as Tensors (FusedGPT passes arrays, skipping a wrap)
 
     def __init__(self, batch_size: int, num_heads: int, max_len: int, head_dim: int, dtype=np.float32):
         for label, n in (("batch_size", batch_size), ("num_heads", num_heads), ("max_len", max_len),
@@ -72,7 +75,7 @@ class KVCache:
     def update(self, k, v) -> tuple:
         """Append keys and values `(B, H, T_new, Dh)`; return all cached ones `(B, H, seq_len, Dh)` as Tensors.
 
-        TODO (Exercise 18.1): write the new positions into the buffers in place, advance `seq_len`,
+        TODO (Exercise 18.1, part 1): write the new positions into the buffers in place, advance `seq_len`,
         return views of the filled part.
 
         CONTRACT:
@@ -103,15 +106,33 @@ class KVCache:
 
 
 def make_caches(model, batch_size: int, max_len: int | None = None) -> list:
-    """One `KVCache` per block of `model` (a GPT) for `batch_size` sequences of up to `max_len`
-    positions (default: the model's context length): the `cache=` list of `GPT.forward`."""
+    """The `cache=` list of `GPT.forward`: one empty `KVCache` per block of `model` (a GPT).
+
+    TODO (Exercise 18.1, part 2): one cache per block, shaped for that block's attention.
+
+    CONTRACT: `batch_size` sequences of up to `max_len` positions (None: the model's
+    `context_length`); each block's attention (`block.attn`) says its `num_heads` and `head_dim`.
+    EXAMPLE: a 2-block GPT with 4 heads of 8 dims, `make_caches(gpt, 3)`: two caches whose buffers
+    are `(3, 4, context_length, 8)`.
+    """
     max_len = model.context_length if max_len is None else max_len
+    ### BEGIN SOLUTION
     return [KVCache(batch_size, b.attn.num_heads, max_len, b.attn.head_dim) for b in model.blocks]
+    ### END SOLUTION
 
 
 def cache_bytes_per_token(model, itemsize: int = 4) -> int:
-    "Bytes one cached position costs in `model`: 2 (key and value) x layers x embed_dim x itemsize."
+    """Bytes one cached position costs in `model` (a GPT) at `itemsize` bytes per number.
+
+    TODO (Exercise 18.1, part 3): the formula of section 2, from the model's sizes.
+
+    CONTRACT: every block caches one key and one value of `embed_dim` numbers per position
+    (`model.tok_emb.embedding_dim`; the heads split it, they do not add to it).
+    EXAMPLE: 2 blocks of width 96 in float32: 1,536 bytes.
+    """
+    ### BEGIN SOLUTION
     return 2 * len(model.blocks) * model.tok_emb.embedding_dim * itemsize
+    ### END SOLUTION
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #cached-decode
 def cached_decode(model, idx: np.ndarray, caches: list, max_new_tokens: int, temperature: float, top_k, rng) -> np.ndarray:
@@ -191,114 +212,6 @@ def generate_cached(model, idx, max_new_tokens: int, temperature: float = 1.0, t
     finally:
         model.train(was_training)
 
-# %% ../../modules/18_memoization/18_memoization.ipynb #fused-gpt
-class FusedGPT:
-    """A GPT's inference forward on plain NumPy arrays, its weights prepared once (given code).
-
-    `FusedGPT(model)` reads the parameters of `model` (module 13's `GPT`) when it is made and
-    prepares them the way inference engines do:
-    - q, k and v projections stacked into one `(E, 3E)` matrix: one product instead of three;
-    - the attention's `1 / sqrt(Dh)` folded into the q columns, and each LayerNorm's scale and
-      shift folded into the product that follows it (`(x_hat * g + b) @ W = x_hat @ (g W) + b @ W`);
-    - every matrix stored transposed once, in the layout the product reads.
-    Calling it is `GPT.forward` without the framework: `engine(idx, start_pos=0, cache=None,
-    attention_mask=None)` returns the logits `(B, T, V)` as a Tensor, after the same checks
-    (`GPT._prepare`), with any layer cache of the module-12 protocol (`update(k, v)`), and no op
-    records or autograd. The logits equal the model's within float32 rounding. Inference only
-    (dropout is off, as in eval mode); a weight changed later is not seen: make a new engine.
-    """
-
-    def __init__(self, model):
-        if not isinstance(model.pos_emb, LearnedPositionalEmbedding) or any(
-                not isinstance(b.mlp.act, GELU) for b in model.blocks):
-            raise TypeError("FusedGPT: expects module 13's GPT (learned positions, GELU MLPs); "
-                            "run other architectures with the eager model (engine='eager')")
-        self.model, self.context_length, self.vocab_size = model, model.context_length, model.vocab_size
-        self.tok, self.pos = model.tok_emb.weight.data, model.pos_emb.weight.data
-        self.layers = []
-        for b in model.blocks:
-            a = b.attn
-            e = a.embed_dim
-            wqkv = np.concatenate([p.weight.data.T for p in (a.q_proj, a.k_proj, a.v_proj)], axis=1)
-            bqkv = np.concatenate([self._bias(p) for p in (a.q_proj, a.k_proj, a.v_proj)])
-            wqkv[:, :e] *= 1.0 / math.sqrt(a.head_dim)
-            bqkv[:e] *= 1.0 / math.sqrt(a.head_dim)
-            self.layers.append((b.ln1.eps, *self._fold(b.ln1, wqkv, bqkv), a.num_heads, a.head_dim,
-                                np.ascontiguousarray(a.out_proj.weight.data.T), self._bias(a.out_proj),
-                                b.ln2.eps, *self._fold(b.ln2, b.mlp.fc.weight.data.T, self._bias(b.mlp.fc)),
-                                np.ascontiguousarray(b.mlp.proj.weight.data.T), self._bias(b.mlp.proj)))
-        self.final = (model.ln_f.eps, *self._fold(model.ln_f, model.head.weight.data.T, self._bias(model.head)))
-
-    @staticmethod
-    def _bias(linear) -> np.ndarray:
-        w = linear.weight.data
-        return np.zeros(w.shape[0], w.dtype) if linear.bias is None else linear.bias.data.copy()
-
-    @staticmethod
-    def _fold(ln, w, bias) -> tuple:
-        "LayerNorm `ln`'s scale and shift folded into the product `@ w + bias` that follows it."
-        return (np.ascontiguousarray(ln.weight.data[:, None] * w),
-                (ln.bias.data @ w + bias).astype(w.dtype))
-
-    @staticmethod
-    def _normalize(x, eps):
-        "`(x - mean) / sqrt(var + eps)` over the last axis (the LayerNorm without its scale and shift)."
-        n = x.shape[-1]
-        mean = np.add.reduce(x, axis=-1, keepdims=True)
-        mean /= n
-        centred = x - mean
-        var = np.add.reduce(centred * centred, axis=-1, keepdims=True)
-        var /= n
-        var += eps
-        centred /= np.sqrt(var, out=var)
-        return centred
-
-    def __call__(self, idx, start_pos: int = 0, cache=None, attention_mask=None) -> Tensor:
-        idx, caches, positions, pad = self.model._prepare(idx, start_pos, cache, attention_mask)
-        b, t = idx.shape
-        x = self.tok[idx] + (self.pos[start_pos:start_pos + t] if positions is None else self.pos[positions])
-        gelu_c = math.sqrt(2 / math.pi)
-        for (eps1, wqkv, bqkv, heads, dh, wo, bo, eps2, wfc, bfc, wpr, bpr), layer_cache in zip(self.layers, caches):
-            qkv = self._normalize(x, eps1) @ wqkv
-            qkv += bqkv
-            qkv = qkv.reshape(b, t, 3, heads, dh).transpose(2, 0, 3, 1, 4)      # (3, B, H, T, Dh)
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            if layer_cache is not None:   # a KVCache takes arrays; other caches get Tensors, as from the model
-                k, v = layer_cache.update(*((k, v) if isinstance(layer_cache, KVCache) else (Tensor(k), Tensor(v))))
-                k, v = getattr(k, "data", k), getattr(v, "data", v)
-            s = q @ k.swapaxes(-1, -2)                                            # scores (B, H, T, S), scaled
-            mask = causal_mask(t, k.shape[-2]) if t > 1 else None
-            if pad is not None:
-                mask = pad[:, None, None, :] if mask is None else mask | pad[:, None, None, :]
-            if mask is None:
-                s -= np.maximum.reduce(s, axis=-1, keepdims=True)
-                np.exp(s, out=s)
-                s /= np.add.reduce(s, axis=-1, keepdims=True)
-            else:   # masked keys get weight 0; a query with no key left gets a zero output (module 12)
-                s = np.where(mask, -np.inf, s)
-                top = np.maximum.reduce(s, axis=-1, keepdims=True)
-                s = np.exp(s - np.where(np.isfinite(top), top, 0.0))
-                z = np.add.reduce(s, axis=-1, keepdims=True)
-                s = np.divide(s, z, out=np.zeros_like(s), where=z > 0)
-            x += (s @ v).transpose(0, 2, 1, 3).reshape(b, t, heads * dh) @ wo
-            x += bo
-            a = self._normalize(x, eps2) @ wfc
-            a += bfc
-            g = a * a                                   # GELU, tanh form: 0.5 a (1 + tanh(c (a + 0.044715 a^3)))
-            g *= gelu_c * 0.044715
-            g += gelu_c
-            g *= a
-            np.tanh(g, out=g)
-            g += 1.0
-            g *= a
-            g *= 0.5
-            x += g @ wpr
-            x += bpr
-        eps, w, bias = self.final
-        logits = self._normalize(x, eps) @ w
-        logits += bias
-        return Tensor(logits)
-
 # %% ../../modules/18_memoization/18_memoization.ipynb #paged
 class PagedKVCache:
     """Keys and values of many sequences in one pool of fixed-size blocks (PagedAttention's memory manager).
@@ -352,16 +265,10 @@ class PagedKVCache:
                            f"(known: {sorted(map(repr, self.block_tables))})")
         return self.block_tables[seq_id]
 
-    def free(self, seq_id) -> None:
-        "Return the blocks of a finished sequence to the free list (the next allocation reuses them first)."
-        table = self._table(seq_id, "free")
-        self.free_blocks.extend(reversed(table))
-        del self.block_tables[seq_id], self.lengths[seq_id]
-
     def allocate(self, seq_id, num_tokens: int) -> list:
         """Make the block table of `seq_id` cover `num_tokens` positions; return the block ids it took.
 
-        TODO (Exercise 18.3): count the blocks the table lacks, check the free list, take them.
+        TODO (Exercise 18.3, part 1): count the blocks the table lacks, check the free list, take them.
 
         CONTRACT:
         - `num_tokens` positions need `ceil(num_tokens / block_size)` blocks; the table only grows:
@@ -387,6 +294,27 @@ class PagedKVCache:
         new = [self.free_blocks.pop() for _ in range(missing)]
         table.extend(new)
         return new
+        ### END SOLUTION
+
+    def free(self, seq_id) -> None:
+        """Return the blocks of a finished sequence to the free list and forget the sequence.
+
+        TODO (Exercise 18.3, part 2): give the blocks back so that the next allocations take them
+        first, in the order the sequence had them; then forget the sequence.
+
+        CONTRACT: after `free(s)`, `s` has no table and no lengths (a later `add_sequence(s)` starts
+        it afresh), and the next `allocate` of any sequence hands out `s`'s blocks before any block
+        that was free already, `s`'s first block first. `_table` (given) raises the KeyError for an
+        unknown sequence.
+        EXAMPLE: free list `[4]`, table of "a" `[0, 1]`: after `free("a")` the next three blocks
+        handed out are 0, 1, 4.
+
+        HINTS: the free list is a stack (`allocate` takes from its end); `reversed`; `del`.
+        """
+        table = self._table(seq_id, "free")
+        ### BEGIN SOLUTION
+        self.free_blocks.extend(reversed(table))
+        del self.block_tables[seq_id], self.lengths[seq_id]
         ### END SOLUTION
 
     def _prepare_write(self, seq_id, layer, k, v):
@@ -453,10 +381,18 @@ class PagedKVCache:
         ### END SOLUTION
 
     def layer_caches(self, seq_id) -> list:
-        "One `PagedLayerCache` per layer for `seq_id` (added when new): the `cache=` list of `GPT.forward`."
-        if seq_id not in self.block_tables:
+        """The `cache=` list of `GPT.forward` for `seq_id`: one `PagedLayerCache` per layer.
+
+        TODO (Exercise 18.4, part 3): a new sequence is added first; then one view per layer.
+
+        CONTRACT: an unknown `seq_id` is registered with `add_sequence`; a known one keeps its table
+        (so a decode step continues it). The list has `num_layers` entries, entry `i` for layer `i`.
+        """
+        ### BEGIN SOLUTION
+        if seq_id not in self.lengths:
             self.add_sequence(seq_id)
         return [PagedLayerCache(self, seq_id, layer) for layer in range(self.num_layers)]
+        ### END SOLUTION
 
     def __repr__(self) -> str:
         return (f"PagedKVCache({self.num_blocks} blocks of {self.block_size} positions, {self.num_free_blocks} free, "
@@ -464,10 +400,8 @@ class PagedKVCache:
 
 
 class PagedLayerCache:
-    """One layer of one sequence of a `PagedKVCache`, with the module-12 protocol (given).
-
-    `update(k, v)` on `(1, H, T_new, Dh)` writes through the pool and returns the gathered keys and
-    values `(1, H, T, Dh)`; `seq_len` is the layer's cached length."""
+    """One layer of one sequence of a `PagedKVCache`, with the module-12 protocol: what `GPT.forward`
+    sees of the pool. `seq_len` is the layer's cached length."""
 
     def __init__(self, pool: PagedKVCache, seq_id, layer: int):
         self.pool, self.seq_id, self.layer = pool, seq_id, layer
@@ -477,51 +411,180 @@ class PagedLayerCache:
         return self.pool.lengths[self.seq_id][self.layer]
 
     def update(self, k, v) -> tuple:
+        """Append `(1, H, T_new, Dh)` keys and values of this sequence and layer; return all of them `(1, H, T, Dh)`.
+
+        TODO (Exercise 18.4, part 4): the module-12 cache protocol on top of the pool.
+
+        CONTRACT: the given lines turn `k`, `v` into arrays and refuse a batch of more than one
+        sequence. The new positions go into the pool through this cache's `seq_id` and `layer`;
+        the result is every cached position of that layer in position order, as two Tensors with a
+        batch axis of 1 in front, as `KVCache.update` returns them.
+        EXAMPLE: a fresh sequence, `update` with `(1, 2, 3, 4)` arrays returns `(1, 2, 3, 4)` Tensors;
+        one more position returns `(1, 2, 4, 4)`.
+
+        HINTS: the pool's `write` and `gather`; `None` in an index adds an axis.
+        """
         k = k.data if isinstance(k, Tensor) else np.asarray(k)
         v = v.data if isinstance(v, Tensor) else np.asarray(v)
         if k.ndim != 4 or k.shape[0] != 1:
             raise ValueError(f"PagedLayerCache.update: one sequence per cache (batch 1), k of shape (1, H, T_new, Dh); "
                              f"got {k.shape}: give each sequence its own layer_caches(seq_id)")
+        ### BEGIN SOLUTION
         self.pool.write(self.seq_id, self.layer, k[0], v[0])
         kk, vv = self.pool.gather(self.seq_id, self.layer)
         return Tensor(kk[None]), Tensor(vv[None])
+        ### END SOLUTION
 
 # %% ../../modules/18_memoization/18_memoization.ipynb #checkpoint
+def _contents(cell):
+    "A closure cell's value (None for a cell not filled yet, which raises ValueError when read)."
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
+def find_generators(fn) -> list:
+    """The `np.random.Generator`s `fn` can draw from: those of the modules it is, holds or closes over (given).
+
+    Looked for in a `Module`'s attributes (a `Dropout`'s `rng`, its child modules, lists and dicts
+    of them), a function's closure, defaults and the globals it names, a bound method's object and
+    a `functools.partial`'s function and arguments, recursively. Each generator once, in the order
+    found.
+    """
+    found, seen = [], set()
+
+    def inside(obj) -> list:
+        "What `obj` holds that may lead to a generator."
+        if isinstance(obj, (list, tuple)):
+            return list(obj)
+        if isinstance(obj, dict):
+            return list(obj.values())
+        if isinstance(obj, functools.partial):
+            return [obj.func, obj.args, obj.keywords]
+        if isinstance(obj, types.MethodType):
+            return [obj.__self__, obj.__func__]
+        if isinstance(obj, types.FunctionType):
+            named = [obj.__globals__[n] for n in obj.__code__.co_names if n in obj.__globals__]
+            cells = [_contents(c) for c in obj.__closure__ or ()]
+            return cells + list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values()) + named
+        if isinstance(obj, Module) or (callable(obj) and not isinstance(obj, type) and hasattr(obj, "__dict__")):
+            return list(vars(obj).values())   # a module's (or a callable object's) attributes
+        return []
+
+    def visit(obj, depth):
+        if depth > 12 or id(obj) in seen or isinstance(obj, types.ModuleType):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, np.random.Generator):
+            found.append(obj)
+        for value in inside(obj):
+            visit(value, depth + 1)
+
+    visit(fn, 0)
+    return found
+
+
+class RNGState:
+    """The states of the generators `fn` can draw from, captured now, for a recomputation to draw the
+    same numbers (PyTorch's `preserve_rng_state`).
+
+    `RNGState(fn)` captures (given); `RNGState(fn, enabled=False)` captures nothing (and restores
+    nothing). `self.states` is a list of `(generator, state)` pairs.
+    """
+
+    def __init__(self, fn, enabled: bool = True):
+        self.states = [(g, g.bit_generator.state) for g in find_generators(fn)] if enabled else []
+
+    @contextmanager
+    def restored(self):
+        """Run the `with` body with every generator as captured; afterwards give each the state it had on entry.
+
+        TODO (Exercise 18.5, part 1): replay the captured states for the body, and leave the
+        caller's random stream exactly where it was, also when the body raises.
+
+        CONTRACT: inside the body each generator of `self.states` draws what it drew when the state
+        was captured; after the body (normally or through an exception) each has the state it had
+        just before the `with`. A generator's state is read and set through its `bit_generator.state`
+        (reading gives a copy). The `with` statement's target is `self`.
+        EXAMPLE: capture `g`, draw `g.random()` -> 0.64, draw 0.27; inside `restored()` `g.random()` is
+        0.64 again; after it the next draw is the one that would have followed 0.27.
+
+        HINTS: a generator function decorated with `contextmanager` runs up to its `yield` on entry
+        and the rest on exit; `try` / `finally`.
+        """
+        ### BEGIN SOLUTION
+        now = [(g, g.bit_generator.state) for g, _ in self.states]
+        for g, state in self.states:
+            g.bit_generator.state = state
+        try:
+            yield self
+        finally:
+            for g, state in now:
+                g.bit_generator.state = state
+        ### END SOLUTION
+
+
 class CheckpointFunction(Function):
     "Run `fn` without keeping its activations; recompute them in backward (gradient checkpointing)."
 
     @staticmethod
-    def forward(ctx, fn, *arrays):
+    def forward(ctx, fn, *arrays, preserve_rng_state: bool = True):
+        """Run `fn` on the inputs' arrays without recording a graph; save what backward needs to run it again.
+
+        TODO (Exercise 18.5, part 2): save `fn`, the arrays and the generators' states; run `fn`
+        under `no_grad` on Tensors of the arrays; return the output's array.
+
+        CONTRACT:
+        - `arrays`: the inputs' arrays (`Function.apply` unwrapped the Tensors), kept as they are
+          in `ctx.fn`, `ctx.arrays`; `ctx.rng`: an `RNGState` of `fn`, enabled by
+          `preserve_rng_state`, captured **before** `fn` runs (it must see the generators as the
+          forward found them).
+        - `fn` gets one Tensor per array, with the array's own dtype (float64 stays float64), and
+          records nothing (no graph, so no activation is kept).
+        - Returns the array of `fn`'s output Tensor.
+        EXAMPLE: `checkpoint(lambda x: x * 2, Tensor(np.ones(3), dtype=np.float64))` is a float64 `[2, 2, 2]`.
+
+        HINTS: `no_grad`; the `dtype` argument of `Tensor`.
+        """
+        ### BEGIN SOLUTION
         ctx.fn, ctx.arrays = fn, arrays
+        ctx.rng = RNGState(fn, enabled=preserve_rng_state)
         with no_grad():   # no graph inside fn: its activations are freed as soon as fn is done with them
-            out = fn(*(Tensor(a) for a in arrays))
+            out = fn(*(Tensor(a, dtype=a.dtype) for a in arrays))
         return out.data
+        ### END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
         """Recompute `fn` from the saved inputs with gradients on and backpropagate `grad` through it.
 
-        TODO (Exercise 18.5): fresh leaves, recompute, inner backward, return the inputs' gradients.
+        TODO (Exercise 18.5, part 3): fresh leaves, the same random draws, recompute, inner
+        backward, return the inputs' gradients.
 
         CONTRACT:
-        - `ctx.fn`, `ctx.arrays` (the inputs' arrays) were saved by forward;
-          `ctx.needs_input_grad` has one bool per argument of `apply`, the first for `fn`.
-        - Rebuild each input as a new Tensor on its array, `requires_grad` as `needs_input_grad` says;
-          run `fn` on them with grad mode on (whatever mode the caller is in), then run module 06's
-          `backward` from the recomputed output with `grad`: the parameters inside `fn` accumulate
-          their `.grad` there.
+        - `ctx.fn`, `ctx.arrays`, `ctx.rng` were saved by forward; `ctx.needs_input_grad` has one
+          bool per argument of `apply`, the first for `fn`.
+        - Rebuild each input as a new Tensor on its array, with its dtype, `requires_grad` as
+          `needs_input_grad` says; run `fn` on them with grad mode on (whatever mode the caller is
+          in) and with the generators as the forward found them (`ctx.rng.restored()`), then run
+          module 06's `backward` from the recomputed output with `grad`: the parameters inside `fn`
+          accumulate their `.grad` there.
         - Return one entry per argument of `apply`: None for `fn`, then each input's gradient
           array (None for an input that needs none, or that the output does not depend on).
-        EXAMPLE: `checkpoint(lambda x: (x * x).sum(), x)` gives `x.grad == 2 x`, as without it.
+        EXAMPLE: `checkpoint(lambda x: (x * x).sum(), x)` gives `x.grad == 2 x`, as without it; a
+        block with dropout in training mode gets the gradients of the plain run.
 
-        HINTS: `set_grad_enabled` (it returns the previous mode) with `try` / `finally`; module 06's
-        `backward(tensor, grad)`; a tuple with a leading None.
+        HINTS: `set_grad_enabled` returns the mode it replaces; `try` / `finally`; a `with`
+        statement; module 06's `backward(tensor, grad)`.
         """
         ### BEGIN SOLUTION
-        xs = [Tensor(a, requires_grad=bool(need)) for a, need in zip(ctx.arrays, ctx.needs_input_grad[1:])]
-        previous = set_grad_enabled(True)   # it returns the mode it replaces
+        xs = [Tensor(a, dtype=a.dtype, requires_grad=bool(need))
+              for a, need in zip(ctx.arrays, ctx.needs_input_grad[1:])]
+        previous = set_grad_enabled(True)
         try:
-            out = ctx.fn(*xs)
+            with ctx.rng.restored():
+                out = ctx.fn(*xs)
         finally:
             set_grad_enabled(previous)
         backward(out, grad)
@@ -529,28 +592,40 @@ class CheckpointFunction(Function):
         ### END SOLUTION
 
 
-def checkpoint(fn, *inputs) -> Tensor:
+def checkpoint(fn, *inputs, preserve_rng_state: bool = True) -> Tensor:
     """`fn(*inputs)` without keeping the activations inside `fn`: they are recomputed in backward.
 
     `inputs` are Tensors (at least one requiring a gradient, or nothing is recorded); `fn` returns
-    one Tensor and must be deterministic (no active dropout). Gradients equal those of `fn(*inputs)`.
+    one Tensor. Gradients equal those of `fn(*inputs)`, in the inputs' precision; with
+    `preserve_rng_state=True` (PyTorch's default too) the recomputation draws the forward's random
+    numbers, so dropout in training mode drops the same units twice.
     """
     if not callable(fn):
         raise TypeError(f"checkpoint: fn must be callable (a block or a function); got {type(fn).__name__}")
     if not inputs or not all(isinstance(x, Tensor) for x in inputs):
         raise TypeError(f"checkpoint: inputs must be one or more Tensors; got {[type(x).__name__ for x in inputs]}")
-    return CheckpointFunction.apply(fn, *inputs)
+    return CheckpointFunction.apply(fn, *inputs, preserve_rng_state=bool(preserve_rng_state))
 
 
-def checkpoint_sequential(functions, segments: int, x: Tensor) -> Tensor:
+# %% ../../modules/18_memoization/18_memoization.ipynb #checkpoint-sequential
+def checkpoint_sequential(functions, segments: int, x: Tensor, preserve_rng_state: bool = True) -> Tensor:
     """Run `functions` (callables, e.g. a model's blocks) one after another on `x`, checkpointed in `segments` runs.
 
-    As PyTorch's `torch.utils.checkpoint.checkpoint_sequential`: the functions are split into
-    `segments` runs of `len(functions) // segments` consecutive ones, the last run taking the rest;
-    every run but the **last** is one `checkpoint`. The last run is not checkpointed: backward
-    needs its activations first, right after forward, so recomputing them would cost a forward of
-    that run and save no peak memory (the peak is then one run's activations either way).
-    EXAMPLE: `checkpoint_sequential(gpt.blocks, len(gpt.blocks), x)` checkpoints every block but the last.
+    TODO (Exercise 18.6): split the chain into runs, checkpoint every run but the last.
+
+    CONTRACT (PyTorch's `torch.utils.checkpoint.checkpoint_sequential`):
+    - the functions are split into `segments` runs of `len(functions) // segments` consecutive
+      ones, in order, the last run taking the rest;
+    - every run but the **last** is one `checkpoint` (with `preserve_rng_state` passed on) of a
+      function that applies the run's functions in order; the last run is applied plainly, and
+      its output is returned;
+    - the checks above the solution refuse an empty or non-callable list and a `segments` outside
+      1..len(functions).
+    EXAMPLE: 5 functions in 2 segments: runs `[f0, f1]` (checkpointed) and `[f2, f3, f4]` (plain);
+    `checkpoint_sequential(gpt.blocks, len(gpt.blocks), x)` checkpoints every block but the last.
+
+    HINTS: `_run_all(run, h)` (given, below) applies a list of functions; a `lambda` whose default
+    argument holds its run (a closure over a loop variable sees only its last value).
     """
     functions = list(functions)
     if not functions or not all(callable(f) for f in functions):
@@ -559,13 +634,17 @@ def checkpoint_sequential(functions, segments: int, x: Tensor) -> Tensor:
     if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= len(functions):
         raise ValueError(f"checkpoint_sequential: segments must be an int from 1 to {len(functions)} (the number "
                          f"of functions); got {segments!r}")
+    ### BEGIN SOLUTION
     size = len(functions) // segments
     for start in range(0, size * (segments - 1), size):
-        x = checkpoint(lambda h, run=functions[start:start + size]: _run_all(run, h), x)
+        x = checkpoint(lambda h, run=functions[start:start + size]: _run_all(run, h), x,
+                       preserve_rng_state=preserve_rng_state)
     return _run_all(functions[size * (segments - 1):], x)
+    ### END SOLUTION
 
 
 def _run_all(functions, x):
     for f in functions:
         x = f(x)
     return x
+

@@ -4,89 +4,248 @@
 from __future__ import annotations
 
 import gc
+import numbers
+import os
 import statistics
 import time
 import tracemalloc
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call of each timed repeat (`times`), with the summaries a benchmark reports."""
-
-    times: tuple
-    number: int  # calls per repeat
-
-    @property
-    def best(self) -> float:
-        "The fastest repeat: the least disturbed by the rest of the machine."
-        return min(self.times)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.times)
-
-    @property
-    def stdev(self) -> float:
-        return statistics.stdev(self.times) if len(self.times) > 1 else 0.0
-
-    def percentile(self, q: float) -> float:
-        "The q-th percentile (0-100) of the repeats, by linear interpolation."
-        xs = sorted(self.times)
-        k = (len(xs) - 1) * q / 100
-        lo = int(k)
-        hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-    def __str__(self) -> str:
-        return f"{_fmt(self.median)} median, {_fmt(self.best)} best of {len(self.times)} x {self.number} calls"
-
-
-def _fmt(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    "A duration with a readable unit: 1.5 s, 2.3 ms, 41.2 us, 870 ns."
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
+        if abs(seconds) >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def time_call(fn, *, warmup: int = 1, repeats: int = 5, number: int | None = None,
-              min_repeat_time: float = 0.02) -> Timing:
-    """Time `fn()`: `warmup` untimed calls, then `repeats` timed repeats of `number` calls each.
+class Summary:
+    """The summaries of `self.samples` (seconds per call, one per timed sample) that every timing reports:
+    shared by `Timing` here and module 19's `BenchmarkResult`."""
 
-    Without `number`, it is chosen so that one repeat lasts at least `min_repeat_time` seconds
-    (a single call of a microsecond op is below the clock's resolution). The garbage collector is
-    paused while timing, as `timeit` does. Returns a `Timing` in seconds per call.
+    @property
+    def best(self) -> float:
+        "The fastest sample: the least disturbed by the rest of the machine."
+        return min(self.samples)
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples))
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def stdev(self) -> float:
+        "Sample standard deviation (n - 1 in the denominator); 0 for one sample."
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+
+    std = stdev
+
+    @property
+    def cv(self) -> float:
+        "Coefficient of variation, stdev / mean: how much the samples disagree (0 for one sample)."
+        return self.stdev / self.mean if self.mean else 0.0
+
+    def percentile(self, q: float) -> float:
+        "The q-th percentile (0-100) of the samples, by linear interpolation (NumPy's default)."
+        xs = sorted(self.samples)
+        k = (len(xs) - 1) * q / 100
+        lo = int(k)
+        hi = min(lo + 1, len(xs) - 1)
+        return float(xs[lo] + (xs[hi] - xs[lo]) * (k - lo))
+
+    def percentiles(self, qs=(50, 95, 99)) -> dict:
+        "`{'p50': ..., 'p95': ..., 'p99': ...}` of the samples (per-call latencies when one call per sample)."
+        return {f"p{q:g}": self.percentile(q) for q in qs}
+
+
+@dataclass(frozen=True)
+class Timing(Summary):
+    """Seconds per call of each timed sample (`times`, also `samples`), with the summaries of `Summary`."""
+
+    times: tuple
+    number: int  # calls per sample
+
+    @property
+    def samples(self) -> tuple:
+        return self.times
+
+    def __str__(self) -> str:
+        return (f"{format_seconds(self.median)} median, {format_seconds(self.best)} best of {len(self.times)} x "
+                f"{self.number} calls")
+
+
+def calibrate(fn, clock=time.perf_counter, min_time: float = 0.2, max_number: int = 10 ** 8) -> tuple:
+    """How many calls of `fn()` make one sample last at least `min_time` seconds on `clock`: `(number, seconds)`.
+
+    timeit's `Timer.autorange`: loops of 1, 2, 5, 10, 20, 50, ... calls until one lasts `min_time`
+    (or `number` reaches `max_number`, for a function too fast for the clock). The clock is read
+    twice per loop and nowhere else, so a fake clock sees the readings `timeit.Timer(fn,
+    timer=clock).autorange()` sees (with `min_time=0.2`). Returns the loop size and that loop's duration.
+    """
+    if isinstance(min_time, bool) or not isinstance(min_time, numbers.Real) or not min_time > 0:
+        raise ValueError(f"calibrate: min_time must be a positive number of seconds; got {min_time!r}")
+    if isinstance(max_number, bool) or not isinstance(max_number, numbers.Integral) or max_number < 1:
+        raise ValueError(f"calibrate: max_number must be a positive int; got {max_number!r}")
+    power = 1
+    while True:
+        for factor in (1, 2, 5):
+            number = power * factor
+            start = clock()
+            for _ in range(number):
+                fn()
+            duration = clock() - start
+            if duration >= min_time or number >= max_number:
+                return number, float(duration)
+        power *= 10
+
+
+def run_samples(call, number: int, repeats: int, clock=time.perf_counter) -> list:
+    """`repeats` samples of `number` calls of `call()` each, in seconds per call on `clock`.
+
+    The garbage collector is paused while timing, as `timeit` does, so a collection triggered by
+    garbage made elsewhere does not land in a sample (it is re-enabled afterwards, also on an error).
+    """
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        samples = []
+        for _ in range(repeats):
+            start = clock()
+            for _ in range(number):
+                call()
+            samples.append((clock() - start) / number)
+        return samples
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def time_call(fn, *, warmup: int = 1, repeats: int = 5, number: int | None = None,
+              min_repeat_time: float = 0.02, clock=time.perf_counter) -> Timing:
+    """Time `fn()`: `warmup` untimed calls, then `repeats` samples of `number` calls each.
+
+    Without `number`, `calibrate` chooses it so that one sample lasts at least `min_repeat_time`
+    seconds (a single call of a microsecond op is below the clock's resolution). `clock`:
+    `time.perf_counter` (wall time, the default) or `time.process_time` (CPU time, for work).
+    Returns a `Timing` in seconds per call.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"time_call: repeats must be >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}")
     for _ in range(warmup):
         fn()
     if number is None:
-        number = 1
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn()
-            if time.perf_counter() - t0 >= min_repeat_time or number >= 1 << 20:
-                break
-            number *= 4
-    gc_was_on = gc.isenabled()
-    gc.disable()
+        number, _ = calibrate(fn, clock=clock, min_time=min_repeat_time, max_number=1 << 20)
+    return Timing(tuple(run_samples(fn, number, repeats, clock)), number)
+
+
+def interleave(candidates: dict, *, budget_s: float = 2.0, min_rounds: int = 3, max_rounds: int = 1000,
+               min_repeat_time: float = 0.005, warmup: int = 1, clock=time.perf_counter) -> dict:
+    """Time every candidate in turns, one sample each per round, for about `budget_s` seconds: `{name: Timing}`.
+
+    `candidates` maps a name to a function of no arguments. Each is warmed up and calibrated once
+    (a sample lasts at least `min_repeat_time`; 0: one call per sample, for calls that take long
+    enough on their own), then the rounds begin: every round takes one
+    sample of each candidate, starting with a different one each round, so that all of them see the
+    same machine load and none is always first. Rounds continue until `budget_s` seconds (wall time)
+    have passed since the first round began, at least `min_rounds` and at most `max_rounds`: a cell
+    that measures this way takes the time it was given on a slow or busy machine, not a multiple of
+    it. `times[i]` of every result is from round `i`, so ratios can be taken round by round.
+    """
+    names = list(candidates)
+    if not names:
+        raise ValueError("interleave: no candidates to time")
+    if not budget_s > 0 or min_rounds < 1 or max_rounds < min_rounds:
+        raise ValueError(f"interleave: budget_s must be > 0 and 1 <= min_rounds <= max_rounds; got budget_s="
+                         f"{budget_s!r}, min_rounds={min_rounds!r}, max_rounds={max_rounds!r}")
+    numbers = {}
+    for name in names:
+        fn = candidates[name]
+        for _ in range(warmup):
+            fn()
+        numbers[name] = 1 if min_repeat_time <= 0 else calibrate(fn, clock=clock, min_time=min_repeat_time,
+                                                                 max_number=1 << 20)[0]
+    times = {name: [] for name in names}
+    start, rounds = time.perf_counter(), 0
+    while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
+        for k in range(len(names)):
+            name = names[(rounds + k) % len(names)]
+            times[name] += run_samples(candidates[name], numbers[name], 1, clock)
+        rounds += 1
+    return {name: Timing(tuple(times[name]), numbers[name]) for name in names}
+
+
+def cpu_frequency_mhz():
+    "The CPUs' mean current clock rate in MHz (psutil, else /proc/cpuinfo); None where neither reports it."
     try:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn()
-            times.append((time.perf_counter() - t0) / number)
-    finally:
-        if gc_was_on:
-            gc.enable()
-    return Timing(tuple(times), number)
+        import psutil
+
+        freq = psutil.cpu_freq()
+        if freq is not None and freq.current:
+            return float(freq.current)
+    except Exception:  # psutil missing, or no frequency interface on this system
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.lower().startswith("cpu mhz")]
+        return sum(mhz) / len(mhz) if mhz else None
+    except (OSError, ValueError):
+        return None
+
+
+def machine_load() -> dict:
+    "`{'load_average': 1-minute load or None, 'cores': logical CPUs, 'cpu_mhz': frequency or None}` now."
+    try:
+        load = float(os.getloadavg()[0])
+    except (AttributeError, OSError):  # Windows has no load average
+        load = None
+    return {"load_average": load, "cores": os.cpu_count() or 1, "cpu_mhz": cpu_frequency_mhz()}
+
+
+def noise_warnings(samples, before: dict | None = None, after: dict | None = None, max_cv: float = 0.1,
+                   max_frequency_change: float = 0.05) -> list:
+    """Why a run's numbers may not be trusted: high CV, load above the core count, CPU frequency change.
+
+    `samples`: seconds (one run's samples). `before`/`after`: `machine_load()` readings taken around
+    the run (None: not checked). Returns a list of messages, empty when nothing was detected (which
+    is evidence of a clean run, not proof).
+    """
+    xs = [float(s) for s in samples]
+    found = []
+    mean = statistics.fmean(xs) if xs else 0.0
+    if len(xs) > 1 and mean > 0:
+        cv = statistics.stdev(xs) / mean
+        if cv > max_cv:
+            found.append(f"high variation: CV {cv:.1%} > {max_cv:.0%} over {len(xs)} samples")
+    if before and after:
+        loads = [r["load_average"] for r in (before, after) if r.get("load_average") is not None]
+        cores = before.get("cores") or 1
+        if loads and max(loads) > cores:
+            found.append(f"machine busy: load average {max(loads):.2f} above its {cores} core(s)")
+        f0, f1 = before.get("cpu_mhz"), after.get("cpu_mhz")
+        if f0 and f1 and abs(f1 - f0) / f0 > max_frequency_change:
+            found.append(f"CPU frequency changed during the run: {f0:.0f} -> {f1:.0f} MHz")
+    return found
+
+
+class _NoLimit:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def thread_limit(threads):
+    "A context pinning the BLAS/OpenMP thread pools to `threads` (threadpoolctl); None changes nothing."
+    if threads is None:
+        return _NoLimit()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=int(threads))
 
 
 def peak_memory(fn) -> int:
@@ -107,5 +266,7 @@ def peak_memory(fn) -> int:
         if not was_tracing:
             tracemalloc.stop()
 
+
 # %% auto #0
-__all__ = ['Timing', 'time_call', 'peak_memory']
+__all__ = ['format_seconds', 'Summary', 'Timing', 'calibrate', 'run_samples', 'time_call', 'interleave', 'cpu_frequency_mhz',
+           'machine_load', 'noise_warnings', 'thread_limit', 'peak_memory']

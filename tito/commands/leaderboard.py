@@ -3,14 +3,16 @@
     tito leaderboard RESULT_FILES_OR_FOLDERS... [--out PATH] [--sort median_s] [--descending]
                      [--workload NAME] [--workload-version N] [--skip-bad]
 
-Each argument is a result file written by `tinytorch.perf.benchmark.write_results` (the systems
-milestone's `--results FILE`, or a student's own suite) or a folder, whose `*.json` files are all
-taken. The files are read and merged by module 19's own `read_results`/`merge_leaderboard` from this
-edition's package, printed with `format_leaderboard`, and written atomically (a temporary file, then
-`os.replace`) as `PATH.json` (every row, with the files it came from) and `PATH.md` (a Markdown table).
+Each argument is a result file written by `tinytorch.perf.results.write_results` (the systems
+milestone's `--results FILE`, or a student's own suite in module 19) or a folder, whose `*.json` files
+are all taken. The files are read, checked, merged and ranked by the edition's own
+`tinytorch.perf.results.leaderboard` (the format has one implementation, exported from
+modules/common/results.ipynb), run in a child process of this edition's Python: tito itself never
+imports the package. tito then writes the result atomically (a temporary file, then `os.replace`) as
+`PATH.json` (every row, with the files it came from) and `PATH.md` (a Markdown table).
 
-Every file must be for the same workload and workload version: by default the ones the package's
-module 19 measures now (`WORKLOAD`, `WORKLOAD_VERSION`), else `--workload`/`--workload-version`.
+Every file must be for the same workload and workload version: by default the ones module 19's suite
+measures now (`WORKLOAD`, `WORKLOAD_VERSION`), else `--workload`/`--workload-version`.
 A file for another version, a file that is not valid JSON or not a result file, or no file at all
 stops the command with exit code 2 and one line naming the file and the fix, and nothing is
 written: a leaderboard that silently leaves out a submission is wrong for that student. With
@@ -22,35 +24,47 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 
-from tito.course import CourseError, find_root
+from tito.course import CourseError, edition_env, find_root
+from tito.proc import run as run_child
 from tito.progress import atomic_write_text  # a temporary file, fsync, os.replace
 from tito.ui import console, err, handle_errors
 
-NEEDED = ("WORKLOAD", "WORKLOAD_VERSION", "read_results", "merge_leaderboard", "format_leaderboard", "format_seconds")
 KIND = "tinytorch-leaderboard"
+CHILD = "import sys; from tinytorch.perf.results import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _benchmark():
-    "Module 19's `tinytorch.perf.benchmark` from this edition; without it, a CourseError that says how to get it."
+def _board(files: list[Path], workload, version, sort: str, descending: bool) -> dict:
+    """The edition's `tinytorch.perf.results.leaderboard` of `files`, computed in a child process of this
+    edition's Python (tito imports no tinytorch); a CourseError when the package cannot do it."""
     root = find_root()
-    if sys.path[:1] != [str(root)]:
-        sys.path.insert(0, str(root))
+    cmd = [sys.executable, "-c", CHILD, "leaderboard", *map(str, files), "--sort", sort]
+    if workload is not None:
+        cmd += ["--workload", workload]
+    if version is not None:
+        cmd += ["--workload-version", str(version)]
+    if descending:
+        cmd.append("--descending")
     try:
-        import tinytorch.perf.benchmark as bm
-    except ImportError as e:
-        raise CourseError(f"tito leaderboard needs module 19 (benchmarking) exported ({e}); complete module 19 "
-                          "and run `tito export 19`") from None
-    missing = [n for n in NEEDED if not hasattr(bm, n)]
-    if missing:
-        raise CourseError(f"this edition's tinytorch.perf.benchmark lacks {', '.join(missing)}: complete module 19 "
-                          "and run `tito export 19`")
-    return bm
+        proc = run_child(cmd, cwd=root, env=edition_env(root), timeout=300)
+    except subprocess.TimeoutExpired:
+        raise CourseError("reading the result files took more than 300 s; are they on a slow network drive?") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        if "tinytorch.perf.results" in proc.stderr or "No module named 'tinytorch" in proc.stderr:
+            raise CourseError(f"this edition's package cannot read result files ({last}); regenerate it with "
+                              "`tito export` (tinytorch.perf.results comes from modules/common/results.ipynb)")
+        raise CourseError(f"reading the result files failed: {last}")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise CourseError(f"the package's leaderboard printed something that is not JSON: {proc.stdout[:200]!r}") from None
 
 
 def collect(paths: list[Path], exclude: set[Path]) -> list[Path]:
@@ -89,62 +103,8 @@ def _is_leaderboard_md(path: Path) -> bool:
         return False
 
 
-def _problem(bm, path: Path, workload: str, version: int, sort: str) -> str | None:
-    "Why `path` cannot join the leaderboard (one line naming it), or None."
-    try:
-        bm.merge_leaderboard([path], workload=workload, workload_version=version, sort_by=sort)
-    except (ValueError, OSError, TypeError) as e:
-        if isinstance(e, OSError):
-            msg = f"cannot read {path}: {e.strerror or e}"
-        elif isinstance(e, UnicodeDecodeError):
-            msg = f"{path} is not a text file ({e.reason} at byte {e.start}); was it written by write_results?"
-        elif isinstance(e, TypeError):
-            msg = f"{path}: cannot sort its rows by {sort!r} ({e})"
-        else:
-            msg = str(e)
-            for prefix in ("read_results: ", "merge_leaderboard: "):   # the function's name: noise for an instructor
-                msg = msg.removeprefix(prefix)
-            if str(path) not in msg and path.name not in msg:
-                msg = f"{path}: {msg}"
-        return " ".join(msg.split())
-    return None
-
-
-def rank(rows: list[dict]) -> list[dict]:
-    "Add `rank` (1, 2, ... in the order given); rows with a `batch` are grouped by it and ranked within it."
-    if any("batch" in r for r in rows):
-        rows = sorted(rows, key=lambda r: (r.get("batch") is None, r.get("batch") or 0))  # stable: keeps the order
-    out, n, group = [], 0, object()
-    for r in rows:
-        if r.get("batch") != group:
-            group, n = r.get("batch"), 0
-        n += 1
-        out.append({"rank": n, **r})
-    return out
-
-
-def columns(rows: list[dict]) -> tuple:
-    cols = ["rank", "submitter", "model"]
-    if any("batch" in r for r in rows):
-        cols.append("batch")
-    cols += ["median_s", "ci_low_s", "ci_high_s"]
-    cols += [c for c in ("accuracy", "bytes") if any(r.get(c) is not None for r in rows)]
-    return tuple(cols + ["cpu", "file"])
-
-
-def markdown(bm, board: dict) -> str:
+def markdown(board: dict) -> str:
     "The leaderboard as a Markdown document: a heading, what it measured, the table, the files left out."
-    def cell(key, v):
-        if v is None:
-            return "-"
-        if key.endswith("_s") and isinstance(v, (int, float)):
-            return bm.format_seconds(v)
-        if key == "accuracy" and isinstance(v, (int, float)):
-            return f"{v:.1%}"
-        if isinstance(v, int) and not isinstance(v, bool):
-            return f"{v:,d}"
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
     cols = board["columns"]
     lines = [f"# Leaderboard: {board['workload']} version {board['workload_version']}", "",
              f"{len(board['rows'])} rows from {len(board['files'])} result files, ranked by {board['sort']} "
@@ -153,7 +113,7 @@ def markdown(bm, board: dict) -> str:
              "| " + " | ".join("#" if c == "rank" else c for c in cols) + " |",
              "|" + "|".join("---:" if c in ("rank", "batch", "median_s", "ci_low_s", "ci_high_s", "accuracy", "bytes")
                             else "---" for c in cols) + "|"]
-    lines += ["| " + " | ".join(cell(c, r.get(c)) for c in cols) + " |" for r in board["rows"]]
+    lines += ["| " + " | ".join(cells) + " |" for cells in board["cells"]]
     if board["skipped"]:
         lines += ["", "Left out:", ""] + [f"- {s['reason']}" for s in board["skipped"]]
     return "\n".join(lines) + "\n"
@@ -169,7 +129,7 @@ def leaderboard(
                              "accuracy, bytes, ...)"),
     descending: bool = typer.Option(False, "--descending", help="highest first (for accuracy)"),
     workload: str = typer.Option(None, "--workload", help="the workload every file must be for; default: the one "
-                                 "module 19 measures now"),
+                                 "module 19's suite measures now"),
     workload_version: int = typer.Option(None, "--workload-version", help="the workload version every file must be "
                                          "for; default: module 19's WORKLOAD_VERSION"),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="leave out (and list) files of another workload version "
@@ -180,9 +140,6 @@ def leaderboard(
     Exit code 0 when every file was merged, 1 when --skip-bad left files out, 2 when a file was refused
     (another workload version, invalid JSON, not a result file) or there was nothing to merge.
     """
-    bm = _benchmark()
-    workload = workload if workload is not None else bm.WORKLOAD
-    version = workload_version if workload_version is not None else bm.WORKLOAD_VERSION
     if out is None:
         first = paths[0]
         out = (first if first.is_dir() else first.parent) / "leaderboard"
@@ -199,37 +156,27 @@ def leaderboard(
     if not files:
         raise CourseError(f"no result files (*.json) in {', '.join(map(str, paths))}; pass the files written by "
                           "write_results (e.g. `python milestones/systems_2018.py --results NAME.json`)")
-    problems = [(f, why) for f in files if (why := _problem(bm, f, workload, version, sort))]
+    result = _board(files, workload, workload_version, sort, descending)
+    problems = [(Path(f), why) for f, why in result["problems"]]
     if problems and not skip_bad:
         f, why = problems[0]
         more = f" ({len(problems) - 1} more file(s) refused too)" if len(problems) > 1 else ""
         raise CourseError(f"{why}{more}; fix or remove {f}, or pass --skip-bad to leave it out and rank the others")
-    good = [f for f in files if f not in {p for p, _ in problems}]
-    if not good:
-        raise CourseError(f"none of the {len(files)} result file(s) could be merged (first: {problems[0][1]})")
-    try:
-        rows = bm.merge_leaderboard(good, workload=workload, workload_version=version, sort_by=sort)
-    except (ValueError, TypeError) as e:   # e.g. --sort on a field that is a number in one file, text in another
-        raise CourseError(f"cannot merge the result files by {sort!r}: {' '.join(str(e).split())}; choose another "
-                          "--sort") from None
-    except NotImplementedError as e:
-        raise CourseError(f"module 19 is not complete yet ({e}); complete module 19 and run `tito export 19`") from None
-    if descending:
-        rows = rows[::-1]
-    rows = rank(rows)
+    if result["error"]:
+        first = f" (first: {problems[0][1]})" if problems else ""
+        raise CourseError(f"{result['error']}{first}")
+    workload, version, rows = result["workload"], result["workload_version"], result["rows"]
+    good = result["files"]
     board = {"kind": KIND, "workload": workload, "workload_version": version, "sort": sort, "descending": descending,
              "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "files": [str(f) for f in good], "skipped": [{"file": str(f), "reason": why} for f, why in problems],
-             "columns": list(columns(rows)), "rows": rows}
-    try:
-        table = bm.format_leaderboard(rows, columns=columns(rows))
-    except NotImplementedError as e:
-        raise CourseError(f"module 19 is not complete yet ({e}); complete module 19 and run `tito export 19`") from None
+             "files": good, "skipped": [{"file": str(f), "reason": why} for f, why in problems],
+             "columns": result["columns"], "rows": rows}
     try:
         atomic_write_text(out_json, json.dumps(board, indent=1, default=str) + "\n")
-        atomic_write_text(out_md, markdown(bm, board))
+        atomic_write_text(out_md, markdown({**board, "cells": result["cells"]}))
     except OSError as e:
         raise CourseError(f"cannot write the leaderboard {out_json}: {e.strerror or e}; pass another --out") from None
+    table = result["table"]
     console.print(f"[bold]leaderboard[/]: workload {escape(workload)} version {version}, {len(rows)} rows from "
                   f"{len(good)} file(s), ranked by {escape(sort)}{' (highest first)' if descending else ''}"
                   f"{', within each batch size' if 'batch' in board['columns'] else ''}", soft_wrap=True)
