@@ -15,6 +15,7 @@ thread, task or socket is left behind. Every loop is bounded and every request h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import threading
@@ -59,6 +60,65 @@ class Slow(Module):
     def forward(self, x):
         time.sleep(self.seconds)
         return self.inner(x)
+
+
+class FakeClock:
+    """A clock the test moves (`advance`), passed as the server's `clock=`: queue delays, service times and latencies
+    are then read in its seconds, and nothing the machine does (load, stalls) can change them."""
+
+    def __init__(self, start=100.0):
+        self.t, self.lock = float(start), threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            return self.t
+
+    def advance(self, seconds) -> None:
+        with self.lock:
+            self.t += seconds
+
+
+class Gated(Module):
+    """A classifier whose every batch costs `seconds` on `clock` (no real time passes) and, while `gate` is closed,
+    waits for the test to open it: the test decides when a batch is done."""
+
+    def __init__(self, clock, seconds=0.0):
+        super().__init__()
+        self.clock, self.seconds, self.inner = clock, seconds, mlp_classifier([4, 3], rng=0)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.batches = []
+
+    def forward(self, x):
+        assert self.gate.wait(60), "the test never opened the gate"
+        self.clock.advance(self.seconds)
+        self.batches.append(len(x.data))
+        return self.inner(x)
+
+
+async def until(condition, what, seconds=60.0):
+    "Wait (polling the event loop) until `condition()` holds; fail naming `what` after `seconds` of real time."
+    deadline = time.perf_counter() + seconds
+    while not condition():
+        if time.perf_counter() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds:.0f} s")
+        await asyncio.sleep(0.001)
+
+
+def decisions(st_) -> int:
+    "Classification requests the server has admitted or refused so far."
+    return st_.cls_admission.admitted + st_.cls_admission.rejected + st_.wait_refusals + st_.lag_refusals
+
+
+async def send_one_by_one(client, st_, n, body=None):
+    """Start `n` classification requests in this order, each only once the server has decided on the one before
+    (admitted or refused): arrival order is the test's, whatever the machine's load. Returns their tasks."""
+    tasks = []
+    for _ in range(n):
+        before = decisions(st_)
+        tasks.append(asyncio.create_task(client.post("/v1/classify", json=body or {"input": [0, 0, 0, 0]})))
+        await until(lambda: decisions(st_) > before, f"a decision on request {len(tasks)}")
+    return tasks
 
 
 class served:
@@ -460,9 +520,10 @@ def test_time_average_refuses_bad_input(args, words):
 
 @pytest.mark.exercise("20.1", "take_batch")
 def test_batched_classification_equals_single():
+    # 24 requests at once, batches of 8 and a wait of 30 s: every batch leaves full (never by the timer)
     model = mlp_classifier([64, 32, 10], rng=1)
     xs = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)
-    app = create_app(classifier=model, input_shape=(64,), max_batch_size=8, max_wait=0.02)
+    app = create_app(classifier=model, input_shape=(64,), max_batch_size=8, max_wait=30.0)
 
     async def go():
         async with served(app) as client:
@@ -473,7 +534,7 @@ def test_batched_classification_equals_single():
     rs, metrics = run(go())
     assert [r.status_code for r in rs] == [200] * 24
     sizes = app.state.serving.cls_batcher.batch_sizes
-    assert max(sizes.values) > 1, f"concurrent requests must share batches; batch sizes {list(sizes.values)}"
+    assert list(sizes.values) == [8, 8, 8], f"24 requests, batches of 8: three full batches; got {list(sizes.values)}"
     assert metrics['tinytorch_batch_size_count{endpoint="classify"}'] == sizes.count
     for x, r in zip(xs, rs):
         single = app.state.serving._run_classifier(x[None])[0]
@@ -540,58 +601,64 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving():
 
 @pytest.mark.exercise("20.2", "AdmissionController.try_admit")
 def test_overload_gets_503_with_retry_after_at_once():
-    app = create_app(classifier=Slow(0.1), input_shape=(4,), max_batch_size=1, max_wait=0.0, max_queue=2)
-
-    async def timed(client):
-        t0 = time.perf_counter()
-        r = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
-        return r, time.perf_counter() - t0
+    # two places; the two admitted requests stay in service until the test opens the gate, so the other six are
+    # refused (and answered) while both are still in the system: at once, whatever the machine's load
+    clock = FakeClock()
+    model = Gated(clock, 0.1)
+    app = create_app(classifier=model, input_shape=(4,), max_batch_size=1, max_wait=0.0, max_queue=2, clock=clock)
 
     async def go():
         async with served(app) as client:
-            return await asyncio.gather(*(timed(client) for _ in range(8)))
+            st_ = app.state.serving
+            model.gate.clear()
+            tasks = await send_one_by_one(client, st_, 8)
+            refused = [t for t in tasks[2:]]
+            await until(lambda: all(t.done() for t in refused), "the six refusals answered while two are in service")
+            in_service = [t.done() for t in tasks[:2]]
+            model.gate.set()
+            return [await t for t in tasks], in_service
 
-    results = run(go())
-    codes = sorted(r.status_code for r, _ in results)
+    results, in_service = run(go())
+    codes = [r.status_code for r in results]
     assert codes == [200, 200] + [503] * 6, f"2 places in the system: 2 answers and 6 refusals; got {codes}"
-    for r, seconds in results:
-        if r.status_code == 503:
-            assert int(r.headers["Retry-After"]) >= 1 and "overloaded" in r.json()["error"]
-            assert seconds < 0.09, f"a refusal must come at once, not after the queue ({seconds * 1e3:.0f} ms)"
+    assert in_service == [False, False], "the refusals must be answered while the admitted requests are in service"
+    for r in results[2:]:
+        assert int(r.headers["Retry-After"]) >= 1 and "overloaded" in r.json()["error"], (r.headers, r.text)
     st_ = app.state.serving
     assert (st_.cls_admission.admitted, st_.cls_admission.rejected, st_.cls_admission.in_system) == (2, 6, 0)
 
 
 def test_a_request_that_waits_past_max_queue_delay_gets_503_and_the_others_their_answers():
-    """Given code: `max_queue_delay` bounds the wait for a batch. One batch at a time of 0.1 s, batches of 2:
-    the first two are served at once, the next two wait 0.1 s (< 0.15 s) and are served, the rest have waited
-    0.2 s when their turn comes and get 503 with Retry-After; the counter and /metrics say so."""
+    """Given code: `max_queue_delay` bounds the wait for a batch. Batches of 2 that each take 0.1 s on the server's
+    clock (a clock the test moves: no real time is involved): the first two are served at once, the next two have
+    waited 0.1 s (< 0.15 s) when their turn comes and are served, the other four have waited 0.2 s and get 503 with
+    Retry-After; the counter and /metrics say so."""
     from tinytorch.serving.server import DynamicBatcher, QueueTimeout
 
     with pytest.raises(ValueError, match=r"max_queue_delay must be > 0 seconds or None; got 0"):
         DynamicBatcher(lambda xs: xs, max_queue_delay=0)
-    app = create_app(classifier=Slow(0.1), input_shape=(4,), max_batch_size=2, max_wait=0.02, max_queue=100,
-                     max_queue_delay=0.15)
-
-    async def timed(client, i):
-        await asyncio.sleep(0.001 * i)   # arrival order = i
-        t0 = time.perf_counter()
-        r = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
-        return r, time.perf_counter() - t0
+    clock = FakeClock()
+    model = Gated(clock, 0.1)
+    app = create_app(classifier=model, input_shape=(4,), max_batch_size=2, max_wait=30.0, max_queue=100,
+                     max_queue_delay=0.15, clock=clock)
 
     async def go():
         async with served(app) as client:
-            results = await asyncio.gather(*(timed(client, i) for i in range(8)))
+            model.gate.clear()                 # the first batch waits in service until all eight have arrived
+            tasks = await send_one_by_one(client, app.state.serving, 8)
+            await until(lambda: app.state.serving.cls_batcher.queue_length == 6, "six requests queued behind a batch")
+            model.gate.set()
+            results = [await t for t in tasks]
             return results, (await client.get("/metrics")).text
 
     results, metrics = run(go())
-    codes = [r.status_code for r, _ in results]
+    codes = [r.status_code for r in results]
     assert codes == [200] * 4 + [503] * 4, f"batches of 2 every 0.1 s, max_queue_delay 0.15 s: got {codes}"
-    for r, seconds in results[4:]:
+    assert model.batches == [2, 2], f"two batches of two ran; the rest timed out: {model.batches}"
+    for r in results[4:]:
         assert int(r.headers["Retry-After"]) >= 1, r.headers
-        assert re.search(r"overloaded: waited \d+ ms in the queue, longer than max_queue_delay \(150 ms\)",
-                         r.json()["error"]), r.json()
-        assert seconds < 0.3, f"a timed-out request is answered when its turn comes ({seconds * 1e3:.0f} ms)"
+        assert "overloaded: waited 200 ms in the queue, longer than max_queue_delay (150 ms)" in r.json()["error"], \
+            r.json()
     st_ = app.state.serving
     assert st_.cls_batcher.timed_out == 4 and st_.cls_admission.in_system == 0
     assert parse_metrics(metrics)['tinytorch_queue_timeouts_total{endpoint="classify"}'] == 4
@@ -601,50 +668,94 @@ def test_a_request_that_waits_past_max_queue_delay_gets_503_and_the_others_their
 def test_admission_refuses_a_request_whose_predicted_wait_exceeds_max_queue_delay():
     """Given code: with `max_queue_delay`, a request is refused at once when the requests already in the system
     would take longer than that at the batcher's recent service time per request (Little's law with the rate the
-    server has now). One request alone takes 0.05 s: with 0.12 s allowed, 2 may be ahead of a new one, not 3."""
-    app = create_app(classifier=Slow(0.05), input_shape=(4,), max_batch_size=8, max_wait=0.0, max_queue=100,
-                     max_queue_delay=0.12)
+    server has now). One request alone takes 0.05 s on the server's clock (which the test moves): with 0.12 s
+    allowed, 2 may be ahead of a new one, not 3. The admitted ones stay in service until the test says so."""
+    clock = FakeClock()
+    model = Gated(clock, 0.05)
+    app = create_app(classifier=model, input_shape=(4,), max_batch_size=8, max_wait=0.0, max_queue=100,
+                     max_queue_delay=0.12, clock=clock)
 
     async def go():
         async with served(app) as client:
             warm = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})   # sets the recent service time
             assert warm.status_code == 200
-            rs = []
-            for _ in range(6):
-                rs.append(asyncio.create_task(client.post("/v1/classify", json={"input": [0, 0, 0, 0]})))
-                await asyncio.sleep(0.002)   # arrival order
-            return await asyncio.gather(*rs)
+            model.gate.clear()
+            tasks = await send_one_by_one(client, app.state.serving, 6)
+            await until(lambda: all(t.done() for t in tasks[3:]), "the three refusals")
+            model.gate.set()
+            return [await t for t in tasks]
 
     results = run(go())
     codes = [r.status_code for r in results]
     assert codes == [200] * 3 + [503] * 3, f"3 requests fit in 0.12 s at 0.05 s each, not 4; got {codes}"
-    assert re.search(r"overloaded: the 3 requests in the system take about 15\d ms at the recent service rate, more "
-                     r"than max_queue_delay \(120 ms\)", results[3].json()["error"]), results[3].json()
+    assert ("overloaded: the 3 requests in the system take about 150 ms at the recent service rate, more than "
+            "max_queue_delay (120 ms)") in results[3].json()["error"], results[3].json()
     assert results[3].headers["Retry-After"] == "1"
     assert app.state.serving.wait_refusals == 3 and app.state.serving.cls_admission.in_system == 0
 
 
+def test_the_loop_lag_estimate_keeps_the_largest_sample_and_halves_every_half_life():
+    """Given code: `LoopLagMonitor` on a clock the test moves: a sample replaces a smaller estimate, and the estimate
+    halves every `half_life` seconds after its sample, so a late loop is remembered briefly."""
+    from tinytorch.serving.server import LoopLagMonitor
+
+    clock = FakeClock(0.0)
+    m = LoopLagMonitor(clock, half_life=0.005)
+    assert m.lag() == 0.0
+    m.record(0.1)
+    assert m.lag() == 0.1
+    clock.advance(0.005)
+    assert np.isclose(m.lag(), 0.05), m.lag()
+    m.record(0.01)                      # smaller than the estimate: kept
+    assert np.isclose(m.lag(), 0.05)
+    clock.advance(0.01)
+    assert np.isclose(m.lag(), 0.0125)
+    m.record(0.08)                      # larger: replaces it
+    assert m.lag() == 0.08 and m.samples == 3
+
+
+def test_the_loop_lag_watcher_measures_a_blocked_loop():
+    "Given code: `LoopLagMonitor.watch` on the real clock sees a callback that blocks the loop for 50 ms (at least)."
+    from tinytorch.serving.server import LoopLagMonitor
+
+    async def go():
+        m = LoopLagMonitor(half_life=60.0)   # remembered for a minute: only the blocked tick matters here
+        task = asyncio.get_running_loop().create_task(m.watch(0.005))
+        await until(lambda: m.samples >= 2, "two samples of the lag")
+        time.sleep(0.05)                     # blocks the loop: its timer fires at least 45 ms late
+        n = m.samples
+        await until(lambda: m.samples > n, "a sample after the block")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return m.lag()
+
+    assert run(go()) >= 0.04
+
+
 def test_a_late_event_loop_sheds_load_until_it_catches_up():
-    """Given code: with `max_loop_lag`, the server measures how late its event loop runs a 5 ms timer; while the
-    loop is late (here: blocked 0.1 s by a slow callback), new requests get 503 at once; once it catches up, 200."""
-    app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), max_loop_lag=0.02)
+    """Given code: with `max_loop_lag`, while the lag estimate is above it new requests get 503 at once; once the
+    estimate has decayed, 200. The test records the lag itself (as the watcher would after a blocked loop) on a clock
+    it moves, and samples the real loop only once an hour, so the machine's load cannot change a verdict."""
+    clock = FakeClock()
+    app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), max_loop_lag=0.02,
+                     loop_lag_interval=3600.0, max_wait=0.0, clock=clock)   # max_wait 0: no timer on the clock
 
     async def go():
         async with served(app) as client:
-            await asyncio.sleep(0.03)
+            st_ = app.state.serving
             before = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
-            time.sleep(0.1)              # the loop is blocked: its timers fire 0.1 s late
-            await asyncio.sleep(0.001)   # the lag monitor wakes and measures
+            st_.lag_monitor.record(0.1)             # the loop ran a timer 100 ms late
             late = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
-            await asyncio.sleep(0.1)     # the estimate halves every 5 ms while the loop is on time
+            clock.advance(0.05)                     # ten half-lives of 5 ms: the estimate is below 0.1 ms
             after = await client.post("/v1/classify", json={"input": [0, 0, 0, 0]})
             return before, late, after, (await client.get("/metrics")).text
 
     before, late, after, metrics = run(go())
     assert (before.status_code, late.status_code, after.status_code) == (200, 503, 200), \
         (before.status_code, late.status_code, after.status_code)
-    assert re.search(r"overloaded: the server's event loop runs \d+ ms late \(max_loop_lag 20 ms\)",
-                     late.json()["error"]), late.json()
+    assert "overloaded: the server's event loop runs 100 ms late (max_loop_lag 20 ms)" in late.json()["error"], \
+        late.json()
     m = parse_metrics(metrics)
     assert m["tinytorch_loop_lag_refusals_total"] == 1 and 0 <= m["tinytorch_event_loop_lag_seconds"] < 0.02, m
 
@@ -659,7 +770,8 @@ def _sockets():
 def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
     threads, sockets = set(threading.enumerate()), _sockets()
     gpt = tiny_gpt(2, context=48)
-    app = create_app(classifier=Slow(0.3), input_shape=(4,), gpt=gpt, max_wait=0.0)
+    model = Gated(FakeClock())                    # the classification stays in service until the shutdown began
+    app = create_app(classifier=model, input_shape=(4,), gpt=gpt, max_wait=0.0)
     server = BackgroundServer(app)
     with server:
         assert server.url.startswith("http://127.0.0.1:")
@@ -667,14 +779,15 @@ def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
         async def go():
             async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
                 assert (await client.get("/health")).json()["status"] == "ok"
-                slow = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]})),
-                        asyncio.create_task(client.post("/v1/generate", json={"prompt": [1, 2], "max_new_tokens": 40}))]
-                for _ in range(200):                      # wait until both are inside the server
-                    if app.state.serving.meter.n == 2:
-                        break
-                    await asyncio.sleep(0.01)
+                model.gate.clear()
+                slow = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]}))]
+                await until(lambda: app.state.serving.meter.n == 1, "the classification inside the server")
+                slow.append(asyncio.create_task(client.post("/v1/generate", json={"prompt": [1, 2], "max_new_tokens": 40})))
+                await until(lambda: app.state.serving.meter.n == 2 or slow[1].done(), "the generation inside")
                 stopper = threading.Thread(target=server.stop)
                 stopper.start()
+                await until(lambda: server.server.should_exit, "uvicorn told to exit")
+                model.gate.set()
                 done = await asyncio.gather(*slow)
                 for _ in range(3000):
                     if not stopper.is_alive():
@@ -694,7 +807,10 @@ def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
 
 
 def test_lifespan_shutdown_drains_and_cancels_every_task():
-    app = create_app(classifier=Slow(0.05), input_shape=(4,), gpt=tiny_gpt(), max_wait=0.0)
+    # three classifications held in service (the gate) and a generation are inside when the shutdown starts: a
+    # request arriving then is refused, and the shutdown waits for the four before it stops the batchers
+    model = Gated(FakeClock())
+    app = create_app(classifier=model, input_shape=(4,), gpt=tiny_gpt(), max_wait=0.0)
     threads = set(threading.enumerate())
 
     async def go():
@@ -702,11 +818,16 @@ def test_lifespan_shutdown_drains_and_cancels_every_task():
         life = app.router.lifespan_context(app)
         await life.__aenter__()
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=30)
+        model.gate.clear()
         inflight = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]})) for _ in range(3)]
+        await until(lambda: app.state.serving.meter.n == 3, "three classifications inside")
         inflight.append(asyncio.create_task(client.post("/v1/generate", json={"prompt": [3], "max_new_tokens": 10})))
-        await asyncio.sleep(0.02)
-        await life.__aexit__(None, None, None)            # drains: waits for the four
+        await until(lambda: app.state.serving.meter.n == 4 or inflight[-1].done(), "the generation inside")
+        stopping = asyncio.create_task(life.__aexit__(None, None, None))   # drains: waits for the four
+        await until(lambda: app.state.serving.closing, "the shutdown under way")
         late = await client.post("/v1/classify", json={"input": [1, 2, 3, 4]})
+        model.gate.set()
+        await stopping
         results = await asyncio.gather(*inflight)
         await client.aclose()
         others = [t for t in asyncio.all_tasks() - before if not t.done()]

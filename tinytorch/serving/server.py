@@ -26,9 +26,9 @@ from ..perf.kv_cache import PagedKVCache
 __all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
            'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'WorkerLoop',
            'QueueTimeout', 'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence', 'sample_rows',
-           'sampling_agrees', 'ContinuousBatcher', 'StaticBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState',
-           'create_app', 'BackgroundServer', 'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable',
-           'app_from_checkpoints', 'time_average_in_system']
+           'sampling_agrees', 'ContinuousBatcher', 'StaticBatcher', 'GenerationEngine', 'InSystemMeter',
+           'LoopLagMonitor', 'ServingState', 'create_app', 'BackgroundServer', 'mlp_classifier', 'sequential_from_spec',
+           'save_servable', 'load_servable', 'app_from_checkpoints', 'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #errors
 class RequestError(Exception):
@@ -257,6 +257,8 @@ class DynamicBatcher(WorkerLoop):
     on the event loop forms batches with `take_batch` (at most `max_batch_size`, the oldest waiting
     at most `max_wait` seconds) and runs each on a worker thread, so the server keeps accepting
     (and refusing) requests while the model computes. Not thread-safe: call it from one event loop.
+    Every time it reads (arrivals, waits, service times) comes from `clock` (seconds), which a test
+    replaces with a clock it moves itself.
 
     `max_queue_delay` (seconds, default None: no limit) bounds the time a request may wait for its
     batch: before forming a batch, every request that has waited longer fails with `QueueTimeout`
@@ -341,7 +343,7 @@ class DynamicBatcher(WorkerLoop):
                     pass
                 continue
             self.in_service = batch
-            t0 = time.perf_counter()
+            t0 = self.clock()
             try:
                 xs = np.stack([x for _, (x, _) in batch])
                 out = await loop.run_in_executor(self._executor, self.run_batch, xs)
@@ -353,7 +355,7 @@ class DynamicBatcher(WorkerLoop):
                     if not future.done():
                         future.set_exception(e)
             else:
-                seconds = time.perf_counter() - t0
+                seconds = self.clock() - t0
                 self.service_times.add(seconds)
                 self.batch_sizes.add(len(batch))
                 per_request = seconds / len(batch)
@@ -927,6 +929,34 @@ class _MeterMiddleware:
 MAX_BODY_BYTES = 1 << 20
 
 
+class LoopLagMonitor:
+    """How late the event loop runs its timers (given): the signal of load shedding on the loop's lag
+    (Fastify's under-pressure, Node's toobusy). `record(sample)` keeps the larger of a new sample and
+    the current estimate; the estimate halves every `half_life` seconds of `clock` after its sample, so
+    a late loop is remembered briefly. `watch(interval)` samples without end: how late a timer of
+    `interval` seconds fired."""
+
+    def __init__(self, clock=time.perf_counter, half_life: float = 0.005):
+        self.clock, self.half_life = clock, float(half_life)
+        self.value, self.at, self.samples = 0.0, clock(), 0
+
+    def lag(self, now: float | None = None) -> float:
+        "The estimate at `now` (default: the clock's time)."
+        now = self.clock() if now is None else now
+        return self.value * 0.5 ** (max(0.0, now - self.at) / self.half_life)
+
+    def record(self, sample: float, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        self.value, self.at = max(float(sample), self.lag(now)), now
+        self.samples += 1
+
+    async def watch(self, interval: float) -> None:
+        while True:
+            t0 = self.clock()
+            await asyncio.sleep(interval)
+            self.record(max(0.0, self.clock() - t0 - interval))
+
+
 class ServingState:
     """Everything one server holds (given): the models, their batchers, admission controllers, meters,
     latency windows and counters; `create_app` puts it in `app.state.serving`."""
@@ -934,7 +964,8 @@ class ServingState:
     def __init__(self, classifier=None, input_shape=None, gpt=None, vocab=None, *, max_batch_size=32,
                  max_wait=0.005, max_queue=64, gen_max_batch_size=8, gen_max_queue=32, num_blocks=None,
                  block_size=16, max_new_tokens_limit=64, policy="continuous", drain_timeout=30.0,
-                 max_queue_delay=None, max_loop_lag=None, prefix_cache=32):
+                 max_queue_delay=None, max_loop_lag=None, prefix_cache=32, loop_lag_interval=0.005,
+                 clock=time.perf_counter):
         if classifier is None and gpt is None:
             raise ValueError("create_app: give a classifier (with input_shape), a gpt, or both")
         self.classifier, self.gpt, self.vocab = classifier, gpt, vocab
@@ -943,7 +974,7 @@ class ServingState:
             if self.input_shape is None:
                 raise ValueError("create_app: a classifier needs input_shape, the shape of one input, e.g. (64,)")
             classifier.eval()
-            self.cls_batcher = DynamicBatcher(self._run_classifier, max_batch_size, max_wait,
+            self.cls_batcher = DynamicBatcher(self._run_classifier, max_batch_size, max_wait, clock=clock,
                                               max_queue_delay=max_queue_delay)
             self.cls_admission = AdmissionController(max_queue)
         if gpt is not None:
@@ -954,7 +985,8 @@ class ServingState:
             self.stoi = None if vocab is None else {c: i for i, c in enumerate(vocab)}
         self.max_new_tokens_limit = int(max_new_tokens_limit)
         self.drain_timeout = float(drain_timeout)
-        self.meter = InSystemMeter()
+        self.clock = clock
+        self.meter = InSystemMeter(clock)
         self.latency = {"classify": LatencyWindow(), "generate": LatencyWindow()}
         self.responses: dict = {}
         self.tokens_generated = 0
@@ -962,26 +994,24 @@ class ServingState:
         # load shedding on the event loop's lag (Fastify's under-pressure, Node's toobusy): when the loop runs its
         # timers late, every request's time grows before any queue sees it, and a refusal is the cheapest answer
         self.max_loop_lag = None if max_loop_lag is None else float(max_loop_lag)
-        self.loop_lag = 0.0
+        self.loop_lag_interval = float(loop_lag_interval)
+        self.lag_monitor = LoopLagMonitor(clock)
         self.lag_refusals = self.wait_refusals = 0
         self._lag_task = None
 
-    async def _watch_loop_lag(self, interval: float = 0.005) -> None:
-        """`loop_lag`: how late the event loop ran a timer of `interval` seconds, measured without end; each
-        sample replaces the estimate if larger, else the estimate halves (a late loop is remembered briefly)."""
-        while True:
-            t0 = time.perf_counter()
-            await asyncio.sleep(interval)
-            sample = max(0.0, time.perf_counter() - t0 - interval)
-            self.loop_lag = max(sample, self.loop_lag / 2)
+    @property
+    def loop_lag(self) -> float:
+        "How late the event loop runs its timers now (seconds; measured only with `max_loop_lag` set)."
+        return self.lag_monitor.lag()
 
     def refuse_for_lag(self, endpoint: str):
         "A 503 if the event loop runs later than `max_loop_lag`, else None (called before admission)."
-        if self.max_loop_lag is None or self.loop_lag <= self.max_loop_lag:
+        lag = self.loop_lag
+        if self.max_loop_lag is None or lag <= self.max_loop_lag:
             return None
         self.lag_refusals += 1
         self.count(endpoint, 503)
-        return _error(503, f"overloaded: the server's event loop runs {self.loop_lag * 1e3:.0f} ms late (max_loop_lag "
+        return _error(503, f"overloaded: the server's event loop runs {lag * 1e3:.0f} ms late (max_loop_lag "
                            f"{self.max_loop_lag * 1e3:.0f} ms); retry after 1 s", {"Retry-After": "1"})
 
     def refuse_for_wait(self):
@@ -1014,7 +1044,7 @@ class ServingState:
     async def start(self) -> None:
         self.closing = False
         if self.max_loop_lag is not None:
-            self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag())
+            self._lag_task = asyncio.get_running_loop().create_task(self.lag_monitor.watch(self.loop_lag_interval))
         if self.classifier is not None:
             await self.cls_batcher.start()
         if self.gpt is not None:
@@ -1130,7 +1160,7 @@ async def _classify(request):
         st.cls_admission.release()
         st.count("classify", e.status)
         return _error(e.status, e.message)
-    t0 = time.perf_counter()
+    t0 = st.clock()
     try:
         probs = await st.cls_batcher.submit(x)
     except QueueTimeout as e:   # admitted, but the queue moved too slowly: refuse now rather than answer late
@@ -1139,7 +1169,7 @@ async def _classify(request):
         return _error(503, f"overloaded: {e}; retry after {wait} s", {"Retry-After": str(wait)})
     finally:
         st.cls_admission.release()
-    st.latency["classify"].add(time.perf_counter() - t0)
+    st.latency["classify"].add(st.clock() - t0)
     st.count("classify", 200)
     return JSONResponse({"label": int(np.argmax(probs)), "probabilities": [float(p) for p in probs]})
 
@@ -1177,7 +1207,7 @@ async def _generate(request):
         return _error(e.status, e.message)
     kw = dict(temperature=req["temperature"], top_k=req["top_k"], seed=req["seed"])
     text = (lambda ids: "".join(st.vocab[i] for i in ids)) if st.vocab is not None else (lambda ids: None)
-    t0 = time.perf_counter()
+    t0 = st.clock()
     if req["stream"]:
         async def events():
             try:
@@ -1185,7 +1215,7 @@ async def _generate(request):
                     st.tokens_generated += 1
                     yield f"data: {json.dumps({'token': token, 'text': text([token])})}\n\n"
                 yield "data: [DONE]\n\n"
-                st.latency["generate"].add(time.perf_counter() - t0)
+                st.latency["generate"].add(st.clock() - t0)
             finally:
                 st.gen_admission.release()
 
@@ -1196,7 +1226,7 @@ async def _generate(request):
     finally:
         st.gen_admission.release()
     st.tokens_generated += len(tokens)
-    st.latency["generate"].add(time.perf_counter() - t0)
+    st.latency["generate"].add(st.clock() - t0)
     st.count("generate", 200)
     return JSONResponse({"tokens": tokens, "text": text(tokens)})
 
@@ -1231,8 +1261,10 @@ def create_app(classifier=None, input_shape=None, gpt=None, vocab=None, **option
     - generation: `gen_max_batch_size` (8 slots), `gen_max_queue` (32), `num_blocks` and
       `block_size` (16) of the paged KV cache, `max_new_tokens_limit` (64), `policy`
       ("continuous" or "static"), `prefix_cache` (32 prompts);
-    - both: `max_loop_lag` (None: refuse with 503 while the event loop runs later than this),
-      `drain_timeout` (30 s).
+    - both: `max_loop_lag` (None: refuse with 503 while the event loop runs later than this; its
+      lag is sampled every `loop_lag_interval`, 0.005 s), `drain_timeout` (30 s), `clock` (the
+      seconds every queue delay, service time, latency and the meter read: `time.perf_counter`;
+      a test passes a clock it moves itself).
 
     Its lifespan starts the batchers and, at shutdown, drains the requests in flight;
     `app.state.serving` is the `ServingState`."""
