@@ -72,7 +72,7 @@ def train_cnn(seed, epochs, log):
     from tinytorch.core.autograd import no_grad
     from tinytorch.core.losses import CrossEntropyLoss
     from tinytorch.data.loader import DataLoader, load_digits
-    from tinytorch.serving.server import sequential_from_spec
+    from tinytorch.serving.models import sequential_from_spec
 
     spec = [["Conv2d", [1, 16, 3], {"padding": 1, "rng": seed + 2}], ["BatchNorm2d", [16], {}], ["ReLU", [], {}],
             ["MaxPool2d", [2], {}], ["Conv2d", [16, 16, 3], {"padding": 1, "rng": seed + 3}], ["BatchNorm2d", [16], {}],
@@ -187,7 +187,7 @@ def served(app, client):
     generator runs in a child process over real HTTP (`LoadProcess`); with "in-process" both share one event loop
     here (`InProcessLoad`)."""
     from tinytorch.serving.loadgen import LoadProcess
-    from tinytorch.serving.server import BackgroundServer
+    from tinytorch.serving.app import BackgroundServer
 
     if client == "in-process":
         with InProcessLoad(app) as load:
@@ -240,8 +240,9 @@ def main(argv=None) -> int:
     import numpy as np
 
     from tinytorch.perf.kv_cache import generate_cached
-    from tinytorch.serving.server import (ContinuousBatcher, Sequence, StaticBatcher, create_app, load_servable,
-                                          save_servable)
+    from tinytorch.serving.engine import Sequence
+    from tinytorch.serving.models import load_servable, save_servable
+    from tinytorch.serving.server import ContinuousBatcher, StaticBatcher, create_app
 
     sys.setswitchinterval(0.0005)   # the server's event loop and the model's thread share this process: take turns
     budget = args.p99_budget_ms / 1000
@@ -324,7 +325,7 @@ def main(argv=None) -> int:
             n = min(window.count - before, len(window.values))
             inside[label] = float(np.percentile(list(window.values)[-n:], 99)) if n else float("nan")
             st_ = app.state.serving
-            timed_out[label] = (st_.cls_batcher.timed_out, st_.lag_refusals, st_.wait_refusals)
+            timed_out[label] = (st_.cls_batcher.timed_out, st_.lag_refusals, st_.cls_admission.late)
     little = loads["little"].littles_law()
     agreement = 1 - abs(little["ratio"] - 1)
     log(f"Little's law at {loads['little'].rate:.0f}/s, client in this process: "

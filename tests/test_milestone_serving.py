@@ -88,7 +88,8 @@ def test_served_runs_a_bounded_load_either_way(client):
     import numpy as np
 
     pytest.importorskip("uvicorn")
-    from tinytorch.serving.server import create_app, mlp_classifier
+    from tinytorch.serving.models import mlp_classifier
+    from tinytorch.serving.server import create_app
 
     m = _script()
     app = create_app(classifier=mlp_classifier([64, 16, 10], rng=0), input_shape=(64,), max_batch_size=8,

@@ -4,9 +4,9 @@
     tito serve bench [--url http://127.0.0.1:8000] [--endpoint classify|generate] [--rate 50 --rate 100 ...]
                      [--concurrency N] [--requests 200] [--duration 5] [--tokens 16] [--seed 0]
 
-MODEL is a checkpoint written by `tinytorch.serving.server.save_servable` (the serving milestone saves
+MODEL is a checkpoint written by `tinytorch.serving.models.save_servable` (the serving milestone saves
 `milestones/outputs/serving_digits.npz` and `serving_gpt.npz`); one classifier and one GPT can be served together.
-The server is module 20's (`tinytorch.serving.server`) from this edition; Ctrl-C stops it after draining the
+The server is module 20's (`tinytorch.serving.server.app_from_checkpoints`) from this edition; Ctrl-C stops it after draining the
 requests in flight.
 """
 from __future__ import annotations
