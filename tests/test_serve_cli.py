@@ -48,6 +48,7 @@ def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
         runner = CliRunner()
         result = runner.invoke(app, ["serve", "bench", "--url", url, "--rate", "20", "--requests", "15", "--duration", "2"])
         assert result.exit_code == 0 and "open loop at 20/s" in result.output and "Little's law" in result.output, result.output
+        assert "includes the HTTP hop" in result.output and "per request is HTTP overhead" in result.output, result.output
         result = runner.invoke(app, ["serve", "bench", "--url", url, "--endpoint", "generate", "--concurrency", "2",
                                      "--requests", "4", "--tokens", "5"])
         assert result.exit_code == 0 and "4 ok" in result.output, result.output

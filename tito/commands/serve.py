@@ -141,6 +141,14 @@ def bench(url: str = typer.Option("http://127.0.0.1:8000", help="the server (127
         res = loadgen.load_test(url.rstrip("/"), f"/v1/{endpoint}", body, n_requests=requests, duration=duration,
                                 seed=seed, **kw)
         typer.echo(res.report())
+        little = res.littles_law()
+        if little and little["lambda"] > 0:
+            inside = little["L"] / little["lambda"]   # the server's own W: its meter's L over the arrival rate
+            typer.echo(f"  note: the client's W ({little['W'] * 1e3:.1f} ms) includes the HTTP hop (the connection, "
+                       f"uvicorn's parsing, the client's own work), which the server's meter at the app's boundary "
+                       f"does not see: the server's W = L / lambda = {inside * 1e3:.1f} ms, so about "
+                       f"{(little['W'] - inside) * 1e3:.1f} ms per request is HTTP overhead, and a ratio below 1 "
+                       f"says that much, not that the server lost requests")
 
 
 def _local(url: str) -> bool:
