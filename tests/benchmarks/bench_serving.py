@@ -114,10 +114,14 @@ def generation(gpt, batcher, kw, lengths, sequence=Sequence):
 
 
 def server_at(rev: str) -> SimpleNamespace:
-    "The one-file `tinytorch/serving/server.py` of git revision `rev`, loaded as a module of its own."
+    """The one-file `tinytorch/serving/server.py` of git revision `rev` (or the file at path `rev`, for a machine
+    without the repository's history), loaded as a module of its own."""
     root = Path(__file__).resolve().parents[2]
-    text = subprocess.run(["git", "show", f"{rev}:tinytorch/serving/server.py"], cwd=root, capture_output=True,
-                          text=True, check=True).stdout
+    if Path(rev).is_file():
+        text = Path(rev).read_text(encoding="utf-8")
+    else:
+        text = subprocess.run(["git", "show", f"{rev}:tinytorch/serving/server.py"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout
     if "from .engine import" in text or "from .batching import" in text:
         raise SystemExit(f"--against {rev}: that server is already a package; compare with a revision before the split")
     module = types.ModuleType(f"serving_server_at_{rev}")

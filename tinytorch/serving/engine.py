@@ -67,7 +67,7 @@ def sample_rows(logits, temperature: float, top_k, rngs) -> np.ndarray:
         cut = -np.partition(-x, top_k - 1, axis=-1)[:, top_k - 1:top_k]
         x = np.where(x >= cut, x, -np.inf)
     p = np.exp(x - x.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
+    p = p / p.sum(axis=-1, keepdims=True)
     draws = np.array([rng.random() for rng in rngs])[:, None] * p.sum(axis=-1, keepdims=True)
     return np.minimum((p.cumsum(axis=-1) < draws).sum(axis=-1), x.shape[-1] - 1).astype(np.int64)
 

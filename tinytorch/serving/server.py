@@ -180,8 +180,10 @@ class ContinuousBatcher(GenerationBatcher):
         decoding = []
         while len(decoding) < len(self.running):
             seq = self.running[len(decoding)]
-            if self.blocks_needed(seq) <= self.pool.num_free_blocks:
-                self.pool.allocate(seq.id, seq.length)
+            need = self.blocks_needed(seq)      # 0 but once every block_size tokens
+            if need <= self.pool.num_free_blocks:
+                if need:
+                    self.pool.allocate(seq.id, seq.length)
                 decoding.append(seq)
             else:   # the pool ran dry: the latest to join gives its blocks back (perhaps seq itself)
                 self.preempt(self.running[-1])
@@ -276,20 +278,21 @@ def pack_rows(past, widths, context_length: int, pack_padding: int) -> list:
     EXAMPLE: `past [5, 9, 0]`, `widths [1, 1, 20]`, `pack_padding 64`: with `context_length 32`
     one call `[[0, 1, 2]]` (9 + 20 = 29 positions, 38 padding tokens); with 24, `[[0, 1], [2]]`.
 
-    HINTS: a `for ... else`; `max` and `sum` over the rows of a candidate call.
+    HINTS: a `for ... else`; a call's longest past, widest row and token count change only when a
+    row joins it.
     """
     ### BEGIN SOLUTION
-    calls = []
-    for i in range(len(past)):
-        for call in calls:
-            rows = call + [i]
-            wide = max(widths[r] for r in rows)
-            fits = max(past[r] for r in rows) + wide <= context_length
-            if fits and len(rows) * wide - sum(widths[r] for r in rows) <= pack_padding:
+    calls, shapes = [], []   # per call: its longest past, its widest row and its tokens, kept as rows join
+    for i, (p, w) in enumerate(zip(past, widths)):
+        for call, shape in zip(calls, shapes):
+            longest, wide, tokens = max(shape[0], p), max(shape[1], w), shape[2] + w
+            if longest + wide <= context_length and (len(call) + 1) * wide - tokens <= pack_padding:
                 call.append(i)
+                shape[:] = [longest, wide, tokens]
                 break
         else:
             calls.append([i])
+            shapes.append([p, w, w])
     return calls
     ### END SOLUTION
 

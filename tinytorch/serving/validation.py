@@ -94,7 +94,7 @@ def parse_classify_request(obj: dict, input_shape: tuple) -> np.ndarray:
         raise RequestError(422, f"missing field 'input': send {{\"input\": [...]}} with an array of shape {tuple(input_shape)}")
     try:
         x = np.asarray(obj["input"], dtype=np.float32)
-    except (TypeError, ValueError):
+    except (ValueError, TypeError):
         raise RequestError(422, f"input must be a (nested) list of numbers of shape {tuple(input_shape)}; "
                                 f"got {repr(obj['input'])[:80]}") from None
     if x.shape != tuple(input_shape):

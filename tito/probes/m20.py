@@ -117,6 +117,8 @@ def scheduler(rng, rec):
     rec.call("fcfs", _steps, batcher(4, 4, "continuous", [(8, 8), (8, 8), (1, 1)]))
     rec.call("static", _steps, batcher(12, 2, "static", [(2, 1), (2, 4), (2, 2)]))
     rec.call("preempt_self", _steps, batcher(2, 2, "continuous", [(4, 4), (4, 4)]))
+    rec.call("slots", _steps, batcher(12, 2, "continuous", [(2, 4), (2, 4), (2, 4)]))
+    rec.call("no_overtaking", _steps, batcher(4, 3, "continuous", [(8, 4), (12, 4), (1, 1)]))
     for policy in ("continuous", "static"):
         for j, (blocks, slots) in enumerate(((5, 3), (7, 4), (14, 2), (30, 1))):
             reqs = []
