@@ -92,8 +92,34 @@ async def send_one_by_one(client, st_, n, body=None):
     for _ in range(n):
         before = decisions(st_)
         tasks.append(asyncio.create_task(client.post("/v1/classify", json=body or {"input": [0, 0, 0, 0]})))
-        await until(lambda: decisions(st_) > before, f"a decision on request {len(tasks)}")
+        await until(lambda: decisions(st_) > before or tasks[-1].done(), f"a decision on request {len(tasks)}")
+        if tasks[-1].done() and tasks[-1].exception() is not None:
+            raise tasks[-1].exception()
     return tasks
+
+
+def needs(*parts):
+    """Fail at once, naming the exercise to write first, when a test of the whole server meets one of its stubs
+    (rather than a server that answers 500 and a message about something else)."""
+    if "window" in parts:
+        batch_window(deque(), 0.0, 1, 0.0)
+    if "admission" in parts:
+        AdmissionController(1).try_admit(0.0)
+        AdmissionController(1).retry_after(0.0)
+    if "scheduler" in parts:
+        cb = ContinuousBatcher(tiny_gpt(), num_blocks=4, block_size=4)
+        cb.add(Sequence(0, [1], 1))
+        cb.schedule()
+        cb.leave()
+        cb.abort(0)
+    if "forward" in parts:
+        pack_rows([0], [1], 2, 0)
+        call_layout([0], [[1]])
+        slot_mapping(np.zeros((1, 1), dtype=np.int64), np.array([0]), np.array([1]), 4)
+
+
+CLASSIFY, GENERATE, ALL = ("window", "admission"), ("admission", "scheduler", "forward"), \
+    ("window", "admission", "scheduler", "forward")
 
 
 def fake_step(cb):
@@ -689,6 +715,7 @@ def test_continuous_keeps_slots_full_and_static_does_not():
 @pytest.mark.exercise("20.1", "batch_window")
 def test_batched_classification_equals_single():
     # 24 requests at once, batches of 8 and a wait of 30 s: every batch leaves full (never by the timer)
+    needs(*CLASSIFY)
     model = mlp_classifier([64, 32, 10], rng=1)
     xs = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)
     app = create_app(classifier=model, input_shape=(64,), max_batch_size=8, max_wait=30.0)
@@ -713,6 +740,7 @@ def test_batched_classification_equals_single():
 
 @pytest.mark.exercise("20.3", "ContinuousBatcher.schedule")
 def test_concurrent_generations_equal_solo_runs_streamed_or_not():
+    needs(*GENERATE)
     gpt = tiny_gpt(1, context=32)
     rng = np.random.default_rng(5)
     reqs = [(rng.integers(0, 20, int(rng.integers(1, 9))), int(rng.integers(1, 12)),
@@ -739,6 +767,7 @@ def test_concurrent_generations_equal_solo_runs_streamed_or_not():
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving():
+    needs(*ALL)
     app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), gpt=tiny_gpt(), vocab=list("abcdefghijklmnopqrst"),
                      max_new_tokens_limit=8)
     cases = [("/v1/classify", b"{not json", 400, "not valid JSON"),
@@ -773,6 +802,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving():
 def test_overload_gets_503_with_retry_after_at_once():
     # two places; the two admitted requests stay in service until the test opens the gate, so the other six are
     # refused (and answered) while both are still in the system: at once, whatever the machine's load
+    needs(*CLASSIFY)
     clock = FakeClock()
     model = Gated(clock, 0.1)
     app = create_app(classifier=model, input_shape=(4,), max_batch_size=1, max_wait=0.0, max_queue=2, clock=clock)
@@ -783,7 +813,8 @@ def test_overload_gets_503_with_retry_after_at_once():
             model.gate.clear()
             tasks = await send_one_by_one(client, st_, 8)
             refused = [t for t in tasks[2:]]
-            await until(lambda: all(t.done() for t in refused), "the six refusals answered while two are in service")
+            await until(lambda: all(t.done() for t in refused), "the six refusals answered while two are in service",
+                        watch=tasks[:2])
             in_service = [t.done() for t in tasks[:2]]
             model.gate.set()
             return [await t for t in tasks], in_service
@@ -803,6 +834,7 @@ def test_a_request_that_waits_past_max_queue_delay_gets_503_and_the_others_their
     clock (a clock the test moves: no real time is involved): the first two are served at once, the next two have
     waited 0.1 s (< 0.15 s) when their turn comes and are served, the other four have waited 0.2 s and get 503 with
     Retry-After; the counter and /metrics say so."""
+    needs(*CLASSIFY)
     from tinytorch.serving.batching import QueueTimeout
 
     clock = FakeClock()
@@ -814,7 +846,8 @@ def test_a_request_that_waits_past_max_queue_delay_gets_503_and_the_others_their
         async with served(app) as client:
             model.gate.clear()                 # the first batch waits in service until all eight have arrived
             tasks = await send_one_by_one(client, app.state.serving, 8)
-            await until(lambda: app.state.serving.cls_batcher.queue_length == 6, "six requests queued behind a batch")
+            await until(lambda: app.state.serving.cls_batcher.queue_length == 6, "six requests queued behind a batch",
+                        watch=tasks)
             model.gate.set()
             results = [await t for t in tasks]
             return results, (await client.get("/metrics")).text
@@ -839,6 +872,7 @@ def test_admission_refuses_a_request_whose_predicted_wait_exceeds_max_queue_dela
     would take longer than that at the batcher's recent service time per request (Little's law with the rate the
     server has now). One request alone takes 0.05 s on the server's clock (which the test moves): with 0.12 s
     allowed, 2 may be ahead of a new one, not 3. The admitted ones stay in service until the test says so."""
+    needs(*CLASSIFY)
     clock = FakeClock()
     model = Gated(clock, 0.05)
     app = create_app(classifier=model, input_shape=(4,), max_batch_size=8, max_wait=0.0, max_queue=100,
@@ -850,7 +884,7 @@ def test_admission_refuses_a_request_whose_predicted_wait_exceeds_max_queue_dela
             assert warm.status_code == 200
             model.gate.clear()
             tasks = await send_one_by_one(client, app.state.serving, 6)
-            await until(lambda: all(t.done() for t in tasks[3:]), "the three refusals")
+            await until(lambda: all(t.done() for t in tasks[3:]), "the three refusals", watch=tasks[:3])
             model.gate.set()
             return [await t for t in tasks]
 
@@ -906,6 +940,7 @@ def test_a_late_event_loop_sheds_load_until_it_catches_up():
     """Given code: with `max_loop_lag`, while the lag estimate is above it new requests get 503 at once; once the
     estimate has decayed, 200. The test records the lag itself (as the watcher would after a blocked loop) on a clock
     it moves, and samples the real loop only once an hour, so the machine's load cannot change a verdict."""
+    needs(*CLASSIFY)
     clock = FakeClock()
     app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), max_loop_lag=0.02,
                      loop_lag_interval=3600.0, max_wait=0.0, clock=clock)   # max_wait 0: no timer on the clock
@@ -935,8 +970,8 @@ def _sockets():
     return len(psutil.Process().net_connections(kind="inet"))
 
 
-@pytest.mark.exercise("20.3", "ContinuousBatcher.schedule")
 def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
+    needs(*ALL)
     threads, sockets = set(threading.enumerate()), _sockets()
     gpt = tiny_gpt(2, context=48)
     model = Gated(FakeClock())                    # the classification stays in service until the shutdown began
@@ -950,9 +985,11 @@ def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
                 assert (await client.get("/health")).json()["status"] == "ok"
                 model.gate.clear()
                 slow = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]}))]
-                await until(lambda: app.state.serving.meter.n == 1, "the classification inside the server")
+                await until(lambda: app.state.serving.meter.n == 1, "the classification inside the server",
+                            watch=slow)
                 slow.append(asyncio.create_task(client.post("/v1/generate", json={"prompt": [1, 2], "max_new_tokens": 40})))
-                await until(lambda: app.state.serving.meter.n == 2 or slow[1].done(), "the generation inside")
+                await until(lambda: app.state.serving.meter.n == 2 or slow[1].done(), "the generation inside",
+                            watch=slow[:1])
                 stopper = threading.Thread(target=server.stop)
                 stopper.start()
                 await until(lambda: server.server.should_exit, "uvicorn told to exit")
@@ -978,6 +1015,7 @@ def test_real_uvicorn_drains_in_flight_requests_and_leaves_nothing_behind():
 def test_lifespan_shutdown_drains_and_cancels_every_task():
     # three classifications held in service (the gate) and a generation are inside when the shutdown starts: a
     # request arriving then is refused, and the shutdown waits for the four before it stops the batchers
+    needs(*ALL)
     model = Gated(FakeClock())
     app = create_app(classifier=model, input_shape=(4,), gpt=tiny_gpt(), max_wait=0.0)
     threads = set(threading.enumerate())
@@ -989,9 +1027,10 @@ def test_lifespan_shutdown_drains_and_cancels_every_task():
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=30)
         model.gate.clear()
         inflight = [asyncio.create_task(client.post("/v1/classify", json={"input": [1, 2, 3, 4]})) for _ in range(3)]
-        await until(lambda: app.state.serving.meter.n == 3, "three classifications inside")
+        await until(lambda: app.state.serving.meter.n == 3, "three classifications inside", watch=inflight)
         inflight.append(asyncio.create_task(client.post("/v1/generate", json={"prompt": [3], "max_new_tokens": 10})))
-        await until(lambda: app.state.serving.meter.n == 4 or inflight[-1].done(), "the generation inside")
+        await until(lambda: app.state.serving.meter.n == 4 or inflight[-1].done(), "the generation inside",
+                    watch=inflight[:3])
         stopping = asyncio.create_task(life.__aexit__(None, None, None))   # drains: waits for the four
         await until(lambda: app.state.serving.closing, "the shutdown under way")
         late = await client.post("/v1/classify", json={"input": [1, 2, 3, 4]})
@@ -1010,6 +1049,7 @@ def test_lifespan_shutdown_drains_and_cancels_every_task():
 
 
 def test_metrics_are_prometheus_text():
+    needs(*ALL)
     app = create_app(classifier=mlp_classifier([4, 3], rng=0), input_shape=(4,), gpt=tiny_gpt())
 
     async def go():
@@ -1094,6 +1134,7 @@ def test_poisson_arrivals_and_local_only():
 
 @pytest.mark.exercise("20.6", "time_average_in_system")
 def test_littles_law_holds_between_server_metrics_and_client():
+    needs(*CLASSIFY)
     app = create_app(classifier=Slow(0.02), input_shape=(4,), max_batch_size=4, max_wait=0.005, max_queue=1000)
 
     async def go():
@@ -1111,6 +1152,7 @@ def test_littles_law_holds_between_server_metrics_and_client():
 
 
 def test_closed_loop_never_overloads():
+    needs(*CLASSIFY)
     app = create_app(classifier=Slow(0.01), input_shape=(4,), max_batch_size=1, max_wait=0.0, max_queue=4)
 
     async def go():
@@ -1212,6 +1254,7 @@ def test_a_dead_batching_loop_fails_the_waiting_requests_and_stop_returns():
 def test_a_step_that_fails_while_sequences_join_fails_them_frees_their_blocks_and_serving_goes_on():
     """A step that raises after taking joiners from the queue (here `_emit`, as a student's `step` calling it the
     wrong way does) fails those requests at once, returns every block to the pool, and the next request is served."""
+    needs(*('scheduler', 'forward'))
     cb = ContinuousBatcher(tiny_gpt(), num_blocks=24, block_size=4, max_batch_size=2)
     engine = GenerationEngine(cb)
     real = cb._emit
@@ -1241,6 +1284,7 @@ def test_a_step_that_fails_while_sequences_join_fails_them_frees_their_blocks_an
 
 
 def test_a_dead_generation_loop_fails_the_waiting_generations_and_stop_returns():
+    needs(*('scheduler', 'forward'))
     class BrokenWindow:
         values = ()
 
@@ -1272,6 +1316,7 @@ def test_retry_after_for_generation_is_within_20_percent_of_the_measured_wait():
     The Retry-After given to the 13th request must be within 20% of the time the 12 ahead of it then take. (Given
     code: the engine's service time per request; it relies on 20.2's `retry_after` and 20.3's scheduler, whose own
     tests come first.)"""
+    needs(*GENERATE)
     clock = FakeClock(0.0)
     gpt = tiny_gpt(0, context=32)
     app = create_app(gpt=gpt, gen_max_batch_size=4, gen_max_queue=12, block_size=4, clock=clock)
@@ -1295,7 +1340,7 @@ def test_retry_after_for_generation_is_within_20_percent_of_the_measured_wait():
             assert [r.status_code for r in warm] == [200] * 8, [r.text for r in warm]
             gate.clear()                           # the 12 stay in the system until the refusal has been answered
             tasks = [asyncio.create_task(client.post("/v1/generate", json=body)) for _ in range(12)]
-            await until(lambda: st_.gen_admission.in_system == 12, "twelve generations admitted")
+            await until(lambda: st_.gen_admission.in_system == 12, "twelve generations admitted", watch=tasks)
             refused = await client.post("/v1/generate", json=body)
             t0 = clock()
             gate.set()
@@ -1322,6 +1367,7 @@ def test_a_client_that_disconnects_aborts_its_generation_and_frees_its_blocks():
     (its read times out), each have their sequence aborted between two steps and its blocks freed, while a third
     request, still connected, gets all its tokens. The decoding steps wait for the test's gate so that the
     generations are still running when the clients leave."""
+    needs(*GENERATE)
     gpt = tiny_gpt(0, context=48)
     app = create_app(gpt=gpt, gen_max_batch_size=4, block_size=4, max_new_tokens_limit=40)
     st_ = app.state.serving
@@ -1350,12 +1396,13 @@ def test_a_client_that_disconnects_aborts_its_generation_and_frees_its_blocks():
                         if len(got) == 2:
                             gate.clear()               # the next step waits: the sequence is still running
                             break
+                assert len(got) == 2, f"the stream ended after the tokens {got} (status {r.status_code})"
                 await until(lambda: st_.engine.aborting or st_.engine.aborted, "the streamed sequence's abort asked")
                 gate.set()
                 await until(lambda: st_.engine.aborted == 1, "the streamed sequence aborted")
                 gate.clear()
                 plain = asyncio.create_task(client.post("/v1/generate", json=long))
-                await until(lambda: asked(40), "the plain request inside the engine")
+                await until(lambda: asked(40), "the plain request inside the engine", watch=[plain])
                 plain.cancel()                          # the client gives up: httpx closes the connection
                 with contextlib.suppress(asyncio.CancelledError):
                     await plain
@@ -1381,6 +1428,7 @@ def test_serving_and_training_on_three_threads_keep_their_own_grad_mode():
     """Grad mode is per thread (module 01): while a training loop runs backward passes on a third thread, the server
     classifies and generates under `no_grad` on its two worker threads. Every answer equals the solo run, every
     training step's gradients equal the same step run alone, and no thread's mode leaks into another's."""
+    needs(*ALL)
     from tinytorch.core.tensor import is_grad_enabled
 
     gpt = tiny_gpt(2, context=32)

@@ -65,10 +65,19 @@ class Gated(Module):
         return self.inner(x)
 
 
-async def until(condition, what: str, seconds: float = 60.0) -> None:
-    "Wait (polling the event loop) until `condition()` holds; fail naming `what` after `seconds` of real time."
+async def until(condition, what: str, seconds: float = 30.0, watch=()) -> None:
+    """Wait (polling the event loop) until `condition()` holds; fail naming `what` after `seconds` of real time.
+    `watch`: request tasks that must still be in flight meanwhile: one that ends first (an error of the code under
+    test, say an unfinished exercise) ends the wait at once with its exception, or with what it answered."""
     deadline = time.perf_counter() + seconds
     while not condition():
+        for task in watch:
+            if task.done():
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()
+                r = task.result()
+                raise AssertionError(f"waiting for {what}, a request ended first: "
+                                     f"{getattr(r, 'status_code', r)} {getattr(r, 'text', '')[:300]}")
         if time.perf_counter() > deadline:
             raise AssertionError(f"{what} did not happen within {seconds:.0f} s")
         await asyncio.sleep(0.001)
