@@ -1479,3 +1479,33 @@ def test_serving_and_training_on_three_threads_keep_their_own_grad_mode():
         assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(g, alone)), \
             "a training step's gradients changed while the server ran"
     assert is_grad_enabled(), "grad mode of the test's own thread must be on after the server ran"
+
+
+def test_the_server_is_small_files_without_an_import_circle():
+    """Issue 31's layout: `tinytorch/serving/` is files of at most 500 lines, and no file imports one that imports
+    it back, at import time or lazily; the given files never import `server.py`, the student's."""
+    import ast
+    from pathlib import Path
+
+    import tinytorch.serving as pkg
+
+    folder = Path(pkg.__file__).parent
+    deps = {}
+    for f in sorted(folder.glob("*.py")):
+        lines = f.read_text(encoding="utf-8").count("\n")
+        assert lines <= 500, f"{f.name} has {lines} lines; split it by responsibility"
+        names = set()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.level == 1:
+                    names.add(node.module.split(".")[0])
+                elif node.module.startswith("tinytorch.serving."):
+                    names.add(node.module.split(".")[2])
+        deps[f.stem] = names
+
+    def reaches(start, goal, seen=()):
+        return any(d == goal or (d not in seen and reaches(d, goal, (*seen, d))) for d in deps.get(start, ()))
+
+    circles = sorted(name for name in deps if reaches(name, name))
+    assert not circles, f"import circles through {circles}: {deps}"
+    assert not [n for n, d in deps.items() if "server" in d], f"a given file imports server.py: {deps}"
