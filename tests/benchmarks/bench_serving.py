@@ -28,12 +28,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import time
 import types
 from pathlib import Path
 from types import SimpleNamespace
+
+# One BLAS thread for NumPy, set before anything imports NumPy (see tests/support/bench.py): on this shared 2-core
+# machine, busy-waiting BLAS threads made the generation runs 10x slower and their ratios meaningless
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, os.environ.get("TINYTORCH_BENCH_BLAS_THREADS", "1"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
