@@ -249,7 +249,8 @@ def test_schedule_joins_decodes_preempts_and_leaves_in_order():
     assert steps == [([], [0, 1], [0]), ([1], [2], []), ([1, 2], [], [1, 2])], \
         f"(decoded, joined, left) per step should be ([], [0, 1], [0]), ([1], [2], []), ([1, 2], [], [1, 2]); got {steps}"
     assert cb.pool.num_free_blocks == 12 and not cb.running and not cb.waiting, \
-        f"all left: 12 of 12 blocks free; got {cb.pool.num_free_blocks}, running {cb.running}, waiting {list(cb.waiting)}"
+        (f"all left: 12 of 12 blocks free; got {cb.pool.num_free_blocks} (tables {cb.pool.block_tables}: does leave() "
+         f"give a finished sequence's blocks back?), running {cb.running}, waiting {list(cb.waiting)}")
     # a pool of 3 blocks of 4: the fifth positions of a and b do not both fit; b, the last to join, is preempted
     cb = ContinuousBatcher(tiny_gpt(), num_blocks=3, block_size=4, max_batch_size=4)
     a, b = Sequence("a", [1, 2, 3], 4), Sequence("b", [4, 5, 6], 4)
