@@ -303,10 +303,11 @@ class Run:
         met, `NOISY_EXIT` (3): none failed but some were too noisy to tell).
 
         `reached`: one `(label, value)` per percentage of TARGET, in order. `beats`: for a TARGET that
-        compares with a baseline, `(label, value, baseline_label, baseline_value, better[, unit])` tuples,
-        `better` being "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`);
-        a baseline that is a multiple of a measurement is `Times(3, 228.3)` (shown "3 x 228.3"), and
-        `unit` ("/s", " ms") follows every number of the line: "reached 802.7/s vs 3 x 228.3/s".
+        compares with a baseline, `(label, value, baseline_label, baseline_value, better[, unit[, shown]])`
+        tuples, `better` being "higher" or "lower" (e.g. `("test accuracy", 0.989, "the MLP", 0.969, "higher")`);
+        a baseline that is a multiple of a measurement is `Times(3, 228.3)` (shown "3 x 228.3"), `unit`
+        ("/s", " ms") follows every number of the line: "reached 802.7/s vs 3 x 228.3/s", and `shown`, when
+        given, is the whole text of what was reached against what, in place of the two numbers.
         A measured speed is noisy: pass it as an `Interval` (the bootstrap interval of a ratio, say)
         wherever a value goes, and the condition is met, not met, or too noisy to tell (the interval
         straddles the threshold; the run is then reported as such, not failed). `epochs` is checked
@@ -330,17 +331,17 @@ class Run:
         for cond, (label, value) in zip(conditions, reached):
             say(f"{cond.op} {cond.text} {label}; reached {_shown(value, lambda v: f'{v:.1%}')}", cond.judge(value))
         for beat in beats:
-            if len(beat) not in (5, 6):
+            if len(beat) not in (5, 6, 7):
                 raise ValueError("report(beats=...): each entry is (label, value, baseline label, baseline value, "
-                                 f"'higher' or 'lower'[, unit]); got {beat!r}")
-            label, value, base_label, base_value, better, unit = (*beat, "")[:6]
+                                 f"'higher' or 'lower'[, unit[, shown]]); got {beat!r}")
+            label, value, base_label, base_value, better, unit, shown = (*beat, "", "")[:7]
             if better not in ("higher", "lower"):
                 raise ValueError(f"report(beats=...): better must be 'higher' or 'lower'; got {better!r}")
             threshold = base_value.total if isinstance(base_value, Times) else base_value
             verdict = judge(value, ">" if better == "higher" else "<", threshold)
             fmt = lambda v: f"{v:.4g}{unit}"  # noqa: E731
-            say(f"{label} {better} than {base_label}'s; reached {_shown(value, fmt)} vs {_shown(base_value, fmt)}",
-                verdict)
+            reached = shown or f"{_shown(value, fmt)} vs {_shown(base_value, fmt)}"
+            say(f"{label} {better} than {base_label}'s; reached {reached}", verdict)
         if self.target.max_epochs is not None and epochs is not None:
             say(f"within {self.target.max_epochs} epochs; took {epochs}", PASS if epochs <= self.target.max_epochs else FAIL)
         if self.target.max_seconds is not None and seconds is not None:

@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
     from tinytorch.models.gpt import GPT
-    from tinytorch.serving.server import mlp_classifier, save_servable
+    from tinytorch.serving.models import mlp_classifier, save_servable
 
     save_servable(tmp_path / "digits.npz", mlp_classifier([64, 16, 10], rng=0), sizes=[64, 16, 10], input_shape=(64,))
     save_servable(tmp_path / "gpt.npz", GPT(12, 48, 64, 4, 6, rng=0), vocab=list("abcdefghijkl"))
@@ -48,6 +48,7 @@ def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
         runner = CliRunner()
         result = runner.invoke(app, ["serve", "bench", "--url", url, "--rate", "20", "--requests", "15", "--duration", "2"])
         assert result.exit_code == 0 and "open loop at 20/s" in result.output and "Little's law" in result.output, result.output
+        assert "includes the HTTP hop" in result.output and "per request is HTTP overhead" in result.output, result.output
         result = runner.invoke(app, ["serve", "bench", "--url", url, "--endpoint", "generate", "--concurrency", "2",
                                      "--requests", "4", "--tokens", "5"])
         assert result.exit_code == 0 and "4 ok" in result.output, result.output
@@ -80,7 +81,7 @@ def test_serve_hands_its_overload_and_cache_options_to_the_server(tmp_path, monk
     import uvicorn
 
     from tinytorch.models.gpt import GPT
-    from tinytorch.serving.server import mlp_classifier, save_servable
+    from tinytorch.serving.models import mlp_classifier, save_servable
 
     save_servable(tmp_path / "digits.npz", mlp_classifier([64, 16, 10], rng=0), sizes=[64, 16, 10], input_shape=(64,))
     save_servable(tmp_path / "gpt.npz", GPT(12, 16, 16, 2, 1, rng=0), vocab=list("abcdefghijkl"))
@@ -96,11 +97,11 @@ def test_serve_hands_its_overload_and_cache_options_to_the_server(tmp_path, monk
     result = CliRunner().invoke(app, args + ["--max-queue-delay-ms", "25", "--max-loop-lag-ms", "10", "--prefix-cache", "4"])
     assert result.exit_code == 0, result.output
     st = seen["state"]
-    assert (st.cls_batcher.max_queue_delay, st.max_loop_lag, st.engine.batcher.prefix_cache) == (0.025, 0.01, 4)
+    assert (st.cls_batcher.max_queue_delay, st.max_loop_lag, st.engine.batcher.prefixes.capacity) == (0.025, 0.01, 4)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     st = seen["state"]
-    assert (st.cls_batcher.max_queue_delay, st.max_loop_lag, st.engine.batcher.prefix_cache) == (None, None, 32), \
+    assert (st.cls_batcher.max_queue_delay, st.max_loop_lag, st.engine.batcher.prefixes.capacity) == (None, None, 32), \
         "by default no overload limits and a prefix cache of 32 prompts"
 
 def test_serve_refuses_a_file_that_is_not_servable(tmp_path):
@@ -111,7 +112,7 @@ def test_serve_refuses_a_file_that_is_not_servable(tmp_path):
 
 
 def test_serve_refuses_a_port_in_use_and_says_what_to_do(tmp_path):
-    from tinytorch.serving.server import mlp_classifier, save_servable
+    from tinytorch.serving.models import mlp_classifier, save_servable
 
     save_servable(tmp_path / "digits.npz", mlp_classifier([4, 3], rng=0), sizes=[4, 3], input_shape=(4,))
     with socket.socket() as taken:

@@ -24,7 +24,9 @@ from tinytorch.data.loader import load_digits
 from tinytorch.models.gpt import GPT
 from tinytorch.perf.kv_cache import generate_cached
 from tinytorch.serving.loadgen import run_load
-from tinytorch.serving.server import BackgroundServer, app_from_checkpoints, mlp_classifier, save_servable
+from tinytorch.serving.app import BackgroundServer
+from tinytorch.serving.models import mlp_classifier, save_servable
+from tinytorch.serving.server import app_from_checkpoints
 
 pytestmark = pytest.mark.module("20")
 

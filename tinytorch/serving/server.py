@@ -3,393 +3,120 @@
 # %% ../../modules/20_serving/20_serving.ipynb #c002
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import gc
-import json
 import math
-import numbers
-import threading
 import time
-from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 
 import numpy as np
 
-from ..core.autograd import no_grad
-from ..core.layers import as_generator, check_positive_int
-from ..core.tensor import Tensor
-from ..models.gpt import sample_next
-from ..perf.kv_cache import PagedKVCache
+from ..core.layers import check_positive_int
+from .batching import BatchLoop
+from .engine import GenerationBatcher, GenerationEngine, Sequence
+from .app import ServingState, make_app
+from .models import load_servable
 
 # %% auto #0
-__all__ = ['MAX_BODY_BYTES', 'LOCAL_HOSTS', 'SERVABLE_LAYERS', 'RequestError', 'is_integer', 'read_json',
-           'parse_generate_request', 'parse_classify_request', 'take_batch', 'LatencyWindow', 'WorkerLoop',
-           'QueueTimeout', 'DynamicBatcher', 'AdmissionController', 'BatchedPagedCache', 'Sequence', 'sample_rows',
-           'sampling_agrees', 'ContinuousBatcher', 'StaticBatcher', 'GenerationEngine', 'InSystemMeter', 'ServingState',
-           'create_app', 'BackgroundServer', 'mlp_classifier', 'sequential_from_spec', 'save_servable', 'load_servable',
-           'app_from_checkpoints', 'time_average_in_system']
-
-# %% ../../modules/20_serving/20_serving.ipynb #errors
-class RequestError(Exception):
-    """A request the server refuses: `status` (an HTTP code: 400 unreadable, 422 invalid, 503 overloaded)
-    and `message`, which says what was wrong and how to fix it; the app turns it into a JSON error."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = int(status), message
-
-
-def is_integer(value) -> bool:
-    "True for a Python or NumPy integer, False for anything else, `True`/`False` included (JSON's booleans)."
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def read_json(body: bytes) -> dict:
-    "The JSON object of a request body, or RequestError 400 (not JSON) / 422 (JSON but not an object)."
-    try:
-        obj = json.loads(body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(400, f"the body is not valid JSON ({e}); send a JSON object such as "
-                                '{"prompt": [1, 2, 3], "max_new_tokens": 8}') from None
-    if not isinstance(obj, dict):
-        raise RequestError(422, f"the body must be a JSON object; got a JSON {type(obj).__name__}")
-    return obj
-
-# %% ../../modules/20_serving/20_serving.ipynb #validate
-def parse_generate_request(obj: dict, vocab_size: int, context_length: int, max_new_tokens_limit: int) -> dict:
-    """Check a decoded `/v1/generate` body and return its fields with their defaults.
-
-    TODO (Exercise 20.3): refuse every malformed request with a 422 that says what to send.
-
-    CONTRACT: `obj` is a dict (from `read_json`). Return `{"prompt": int64 array (T,),
-    "max_new_tokens": int, "temperature": float, "top_k": int or None, "seed": int or None,
-    "stream": bool}`. Raise `RequestError(422, message)` when:
-    - a key is not one of those six: `f"unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}"`;
-    - `prompt` is missing, empty, not a list, or holds a value that is not an integer in
-      `[0, vocab_size)` (bools are not integers): `f"prompt must be a non-empty list of token ids in
-      [0, {vocab_size}); got {obj.get('prompt')!r}"` (cut the repr to 80 characters);
-    - `max_new_tokens` (default 16) is not an integer in `[1, max_new_tokens_limit]`:
-      `f"max_new_tokens must be an integer from 1 to {max_new_tokens_limit}; got {value!r}"`;
-    - the request needs more positions than the model has: `f"too many tokens: the prompt's {T} +
-      max_new_tokens {n} = {T + n} exceed the context of {context_length}; shorten the prompt or
-      ask for fewer tokens"`;
-    - `temperature` (default 0.0, greedy) is not a number >= 0; `top_k` (default None) is not
-      None or an integer >= 1; `seed` (default None) is not None or an integer >= 0; `stream`
-      (default False) is not a bool: `f"{name} must be ...; got {value!r}"`, `...` saying what is
-      allowed.
-    EXAMPLE: `{"prompt": [1, 2]}` with vocab 10, context 32, limit 16 gives prompt `[1, 2]`,
-    16 new tokens, temperature 0.0, top_k/seed None, stream False.
-
-    HINTS: `is_integer` (given, above) for the integer fields; `isinstance` with `numbers.Real`
-    (and a separate test for `bool`) for the temperature; `set` difference for the unknown keys;
-    `np.asarray` with a dtype.
-    """
-    ### BEGIN SOLUTION
-    allowed = {"prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream"}
-    unknown = set(obj) - allowed
-    if unknown:
-        raise RequestError(422, f"unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    is_int = is_integer
-    prompt = obj.get("prompt")
-    if (not isinstance(prompt, list) or not prompt
-            or not all(is_int(t) and 0 <= t < vocab_size for t in prompt)):
-        raise RequestError(422, f"prompt must be a non-empty list of token ids in [0, {vocab_size}); "
-                                f"got {repr(prompt)[:80]}")
-    n = obj.get("max_new_tokens", 16)
-    if not is_int(n) or not 1 <= n <= max_new_tokens_limit:
-        raise RequestError(422, f"max_new_tokens must be an integer from 1 to {max_new_tokens_limit}; got {n!r}")
-    if len(prompt) + n > context_length:
-        raise RequestError(422, f"too many tokens: the prompt's {len(prompt)} + max_new_tokens {n} = "
-                                f"{len(prompt) + n} exceed the context of {context_length}; shorten the "
-                                f"prompt or ask for fewer tokens")
-    temperature = obj.get("temperature", 0.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
-        raise RequestError(422, f"temperature must be a number >= 0 (0 is greedy); got {temperature!r}")
-    top_k = obj.get("top_k")
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise RequestError(422, f"top_k must be null or an integer >= 1; got {top_k!r}")
-    seed = obj.get("seed")
-    if seed is not None and (not is_int(seed) or seed < 0):
-        raise RequestError(422, f"seed must be null or an integer >= 0; got {seed!r}")
-    stream = obj.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(422, f"stream must be true or false; got {stream!r}")
-    return {"prompt": np.asarray(prompt, dtype=np.int64), "max_new_tokens": int(n),
-            "temperature": float(temperature), "top_k": None if top_k is None else int(top_k),
-            "seed": None if seed is None else int(seed), "stream": stream}
-    ### END SOLUTION
-
-# %% ../../modules/20_serving/20_serving.ipynb #classify-validate
-def parse_classify_request(obj: dict, input_shape: tuple) -> np.ndarray:
-    """Check a decoded `/v1/classify` body `{"input": nested list of numbers}` (given): a float32 array
-    of `input_shape` (a flat list of the same size is reshaped), or RequestError 422 naming both shapes."""
-    unknown = set(obj) - {"input"}
-    if unknown:
-        raise RequestError(422, f"unknown field(s) {sorted(unknown)}; allowed: ['input']")
-    if "input" not in obj:
-        raise RequestError(422, f"missing field 'input': send {{\"input\": [...]}} with an array of shape {tuple(input_shape)}")
-    try:
-        x = np.asarray(obj["input"], dtype=np.float32)
-    except (TypeError, ValueError):
-        raise RequestError(422, f"input must be a (nested) list of numbers of shape {tuple(input_shape)}; "
-                                f"got {repr(obj['input'])[:80]}") from None
-    if x.shape != tuple(input_shape):
-        if x.ndim == 1 and x.size == math.prod(input_shape):
-            x = x.reshape(input_shape)
-        else:
-            raise RequestError(422, f"input has shape {x.shape} but the model expects {tuple(input_shape)} "
-                                    f"(or a flat list of {math.prod(input_shape)} numbers)")
-    if not np.isfinite(x).all():
-        raise RequestError(422, "input holds NaN or infinity; send finite numbers")
-    return x
+__all__ = ['batch_window', 'DynamicBatcher', 'AdmissionController', 'ContinuousBatcher', 'pack_rows', 'call_layout',
+           'slot_mapping', 'StaticBatcher', 'create_app', 'app_from_checkpoints', 'time_average_in_system']
 
 # %% ../../modules/20_serving/20_serving.ipynb #take-batch
-def take_batch(pending: deque, max_batch_size: int, max_wait: float, now: float) -> list:
-    """The dynamic batcher's decision: the requests to run together now, or `[]` to keep waiting.
+def batch_window(pending: deque, now: float, max_batch_size: int, max_wait: float,
+                 max_queue_delay: float | None = None) -> tuple:
+    """What the dynamic batcher does at time `now`: `(batch, expired, wake_at)`.
 
-    TODO (Exercise 20.1): dispatch when the batch is full or its oldest request has waited long enough.
+    TODO (Exercise 20.1): the window: refuse what waited too long, dispatch a full or old enough
+    batch, and say when the answer would next change.
 
-    CONTRACT:
-    - `pending` is a `deque` of `(arrival_time, request)` pairs, oldest first; times in seconds
-      on the clock that gives `now`.
-    - Dispatch when `pending` holds at least `max_batch_size` requests, or when the oldest one
-      has waited `max_wait` seconds or more (`now - arrival >= max_wait`). Dispatching removes the
-      oldest `min(len(pending), max_batch_size)` pairs from the left of `pending` and returns them
-      as a list, in arrival order.
-    - Otherwise (and always for an empty `pending`) return `[]` and leave `pending` unchanged.
-    - `max_wait == 0` dispatches whatever is there at once (no batching delay).
-    EXAMPLE: arrivals at 0.0, 0.1, 0.2, `max_batch_size=2`, `max_wait=1.0`, `now=0.2`: returns the
-    first two pairs and leaves the third; with `max_batch_size=8`, `now=0.5` returns `[]`, and
-    `now=1.0` returns all three.
+    CONTRACT: `pending` is a `deque` of `(arrival_time, request)` pairs, oldest first, times in
+    seconds on the clock that gives `now`; the function takes from its left what leaves it.
+    - `expired`: when `max_queue_delay` is not None, every pair at the front that has waited
+      **longer** than `max_queue_delay` (`now - arrival > max_queue_delay`), removed, oldest first.
+    - `batch`: then, when the rest holds at least `max_batch_size` pairs or its oldest has waited
+      `max_wait` **or more**, the oldest `min(len, max_batch_size)` pairs, removed, in order;
+      otherwise `[]` (so `max_wait == 0` dispatches whatever is there at once).
+    - `wake_at`: when what is left would be dispatched if nothing else arrived: the arrival of the
+      oldest pair still in `pending` plus `max_wait`, or None when `pending` is empty.
+    EXAMPLE: arrivals 0.0, 0.1, 0.2, `max_batch_size=8`, `max_wait=1.0`: at `now=0.5` nothing
+    leaves and `wake_at` is 1.0; at `now=1.0` all three leave and `wake_at` is None. With
+    `max_queue_delay=0.35` at `now=0.5`, the first two have expired and `wake_at` is 1.2.
 
-    HINTS: a deque's `popleft`; `len`; the arrival time of `pending[0]`.
+    HINTS: the deque's `popleft` and `[0]`; a list comprehension over a `range`.
     """
     ### BEGIN SOLUTION
-    if not pending:
-        return []
-    if len(pending) < max_batch_size and now - pending[0][0] < max_wait:
-        return []
-    return [pending.popleft() for _ in range(min(len(pending), max_batch_size))]
+    expired = []
+    if max_queue_delay is not None:
+        # the oldest waited longest: expiry only ever takes from the front
+        while pending and now - pending[0][0] > max_queue_delay:
+            expired.append(pending.popleft())
+    batch = []
+    if pending and (len(pending) >= max_batch_size or now - pending[0][0] >= max_wait):
+        batch = [pending.popleft() for _ in range(min(len(pending), max_batch_size))]
+    # the next moment the rule changes its answer: the new oldest reaching max_wait
+    wake_at = pending[0][0] + max_wait if pending else None
+    return batch, expired, wake_at
     ### END SOLUTION
 
-# %% ../../modules/20_serving/20_serving.ipynb #engines
-class LatencyWindow:
-    """The last `size` values of a quantity (latencies, batch sizes) with their percentiles (given):
-    what `/metrics` reports as a Prometheus summary. Totals (`count`, `sum`) cover every value."""
 
-    def __init__(self, size: int = 2048):
-        self.values = deque(maxlen=size)
-        self.count, self.sum = 0, 0.0
+class DynamicBatcher(BatchLoop):
+    """Dynamic batching (given): the loop of `BatchLoop` (batching.py) with `batch_window` as its window.
+    `DynamicBatcher(run_batch, max_batch_size=32, max_wait=0.005, clock=time.perf_counter,
+    max_queue_delay=None)`; `await submit(x)` returns `x`'s row of `run_batch`."""
 
-    def add(self, value: float) -> None:
-        self.values.append(float(value))
-        self.count += 1
-        self.sum += float(value)
-
-    def quantiles(self, qs=(0.5, 0.95, 0.99)) -> dict:
-        if not self.values:
-            return {q: float("nan") for q in qs}
-        return dict(zip(qs, np.percentile(np.asarray(self.values), [100 * q for q in qs]).tolist()))
-
-
-class WorkerLoop:
-    """What `DynamicBatcher` and `GenerationEngine` share (given): a loop task on the event loop that
-    runs the model on one worker thread. A subclass writes `_loop()`, `_busy()` (is a request still
-    waiting for its answer?) and `_fail_waiting(error)` (answer every such request with `error`).
-    If the loop itself dies (a bug: a failing batch only fails its own requests), the requests
-    still waiting get a `RuntimeError` at once instead of waiting forever."""
-
-    thread_name = "tinytorch-worker"
-    _task = _executor = _wake = None
-
-    async def start(self) -> None:
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.thread_name)
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-        self._task.add_done_callback(self._loop_ended)
-
-    def _check_running(self, where: str) -> None:
-        if self._task is None or self._task.done():
-            raise RuntimeError(f"{where}: the {type(self).__name__} is not running (never started, stopped, "
-                               "or its loop failed); await start() first")
-
-    def _loop_ended(self, task) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        error = RuntimeError(f"{type(self).__name__}: its loop stopped on {task.exception()!r}, so this request "
-                             "cannot be answered; fix the error and start it again")
-        error.__cause__ = task.exception()
-        self._fail_waiting(error)
-
-    async def stop(self) -> None:
-        "Finish every waiting request (fail them if the loop has died), then stop the loop and its thread."
-        if self._task is not None:
-            while self._busy() and not self._task.done():
-                self._wake.set()
-                await asyncio.sleep(0.001)
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:   # the loop died; _loop_ended has given its error to the waiting requests
-                pass
-            self._task = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-
-
-class QueueTimeout(Exception):
-    "A request that waited longer than the batcher's `max_queue_delay` for its batch (the server answers 503)."
-
-    def __init__(self, waited: float, limit: float):
-        super().__init__(f"waited {waited * 1e3:.0f} ms in the queue, longer than max_queue_delay "
-                         f"({limit * 1e3:.0f} ms)")
-        self.waited, self.limit = waited, limit
-
-
-class DynamicBatcher(WorkerLoop):
-    """Dynamic batching for a model that maps a batch `(B, ...)` to `(B, ...)` (given).
-
-    `await submit(x)` queues one input and returns its row of `run_batch(stacked inputs)`. A loop
-    on the event loop forms batches with `take_batch` (at most `max_batch_size`, the oldest waiting
-    at most `max_wait` seconds) and runs each on a worker thread, so the server keeps accepting
-    (and refusing) requests while the model computes. Not thread-safe: call it from one event loop.
-
-    `max_queue_delay` (seconds, default None: no limit) bounds the time a request may wait for its
-    batch: before forming a batch, every request that has waited longer fails with `QueueTimeout`
-    (the server answers 503), as Triton's queue policy does with a timeout. A bound on the *number*
-    in the system bounds the wait only while the server answers at its usual rate; under overload
-    the refusals take CPU from the model too, the rate falls, and the same number waits longer."""
-
-    def __init__(self, run_batch, max_batch_size: int = 32, max_wait: float = 0.005, clock=time.perf_counter,
-                 max_queue_delay: float | None = None):
-        self.run_batch = run_batch
-        self.max_batch_size = check_positive_int(max_batch_size, "max_batch_size", "DynamicBatcher")
-        if not max_wait >= 0:
-            raise ValueError(f"DynamicBatcher: max_wait must be >= 0 seconds; got {max_wait!r}")
-        if max_queue_delay is not None and not max_queue_delay > 0:
-            raise ValueError(f"DynamicBatcher: max_queue_delay must be > 0 seconds or None; got {max_queue_delay!r}")
-        self.max_wait, self.clock = float(max_wait), clock
-        self.max_queue_delay = None if max_queue_delay is None else float(max_queue_delay)
-        self.timed_out = 0                     # requests failed with QueueTimeout
-        self.recent_seconds_per_request = 0.0  # service time per request, moving average over the last batches
-        self.pending: deque = deque()
-        self.batch_sizes = LatencyWindow()
-        self.service_times = LatencyWindow()   # seconds per batch
-        self.in_service: list = []             # the batch the worker thread is computing
-
-    thread_name = "tinytorch-batch"
-
-    @property
-    def queue_length(self) -> int:
-        return len(self.pending)
-
-    def seconds_per_request(self) -> float:
-        "Mean service time per request over the recent batches (0 before the first)."
-        n = sum(self.batch_sizes.values)
-        return sum(self.service_times.values) / n if n else 0.0
-
-    def _busy(self) -> bool:
-        return bool(self.pending or self.in_service)
-
-    def _fail_waiting(self, error) -> None:
-        waiting = [*self.in_service, *self.pending]
-        self.pending.clear()
-        self.in_service = []
-        for _, (_, future) in waiting:
-            if not future.done():
-                future.set_exception(error)
-
-    async def submit(self, x: np.ndarray):
-        self._check_running("DynamicBatcher.submit")
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((self.clock(), (x, future)))
-        self._wake.set()
-        return await future
-
-    def _expire(self, now: float) -> None:
-        "Fail the requests at the front of the queue that have waited longer than `max_queue_delay`."
-        while self.pending and now - self.pending[0][0] > self.max_queue_delay:
-            arrival, (_, future) = self.pending.popleft()
-            self.timed_out += 1
-            if not future.done():
-                future.set_exception(QueueTimeout(now - arrival, self.max_queue_delay))
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if self.max_queue_delay is not None:
-                self._expire(self.clock())
-            try:
-                batch = take_batch(self.pending, self.max_batch_size, self.max_wait, self.clock())
-            except Exception as e:   # a broken batching rule fails the waiting requests, never hangs them
-                self._fail_waiting(e)
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if not batch:
-                self._wake.clear()
-                timeout = None
-                if self.pending:
-                    timeout = max(self.pending[0][0] + self.max_wait - self.clock(), 0.0)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            self.in_service = batch
-            t0 = time.perf_counter()
-            try:
-                xs = np.stack([x for _, (x, _) in batch])
-                out = await loop.run_in_executor(self._executor, self.run_batch, xs)
-                if len(out) != len(batch):
-                    raise ValueError(f"DynamicBatcher: run_batch returned {len(out)} rows for a batch of "
-                                     f"{len(batch)} inputs; it must return one row per input")
-            except Exception as e:   # a failing batch fails its requests, not the server
-                for _, (_, future) in batch:
-                    if not future.done():
-                        future.set_exception(e)
-            else:
-                seconds = time.perf_counter() - t0
-                self.service_times.add(seconds)
-                self.batch_sizes.add(len(batch))
-                per_request = seconds / len(batch)
-                self.recent_seconds_per_request = (per_request if not self.recent_seconds_per_request else
-                                                   0.8 * self.recent_seconds_per_request + 0.2 * per_request)
-                for (_, (_, future)), row in zip(batch, out):
-                    if not future.done():
-                        future.set_result(row)
-            self.in_service = []
+    def window(self, now: float) -> tuple:
+        return batch_window(self.pending, now, self.max_batch_size, self.max_wait, self.max_queue_delay)
 
 # %% ../../modules/20_serving/20_serving.ipynb #admission
 class AdmissionController:
-    """A bounded system: at most `max_in_system` requests queued or in service at once.
+    """A bounded system: at most `max_in_system` requests queued or in service at once, and with
+    `max_wait` (seconds; None: no limit) none admitted whose predicted wait is longer.
 
-    `try_admit()` lets a request in or refuses it; `release()` marks one admitted request done;
-    `retry_after(seconds_per_request)` is the wait a refused client is told (HTTP `Retry-After`).
-    `admitted` and `rejected` count the decisions."""
+    `try_admit(seconds_per_request)` lets a request in or refuses it; `release()` (given) marks one
+    admitted request done; `predicted_wait` and `retry_after` take the measured service time per
+    request (seconds of the server's time per answer: the inverse of its throughput). `admitted`,
+    `rejected` (the system was full) and `late` (the predicted wait was too long) count decisions."""
 
-    def __init__(self, max_in_system: int):
+    def __init__(self, max_in_system: int, max_wait: float | None = None):
         self.max_in_system = check_positive_int(max_in_system, "max_in_system", "AdmissionController")
+        if max_wait is not None and not max_wait > 0:
+            raise ValueError(f"AdmissionController: max_wait must be > 0 seconds or None; got {max_wait!r}")
+        self.max_wait = None if max_wait is None else float(max_wait)
         self.in_system = 0
-        self.admitted = self.rejected = 0
+        self.admitted = self.rejected = self.late = 0
 
-    def try_admit(self) -> bool:
-        """Admit one request if the system has room.
+    def predicted_wait(self, seconds_per_request: float) -> float:
+        """How long a request admitted now would wait for the ones already in the system.
 
-        TODO (Exercise 20.2, part 1): a bounded queue: refuse at once rather than queue without bound.
+        TODO (Exercise 20.2, part 1): Little's law, read backwards.
 
-        CONTRACT: when fewer than `max_in_system` requests are in the system, count this one in
-        (`in_system` and `admitted` grow by one) and return True; otherwise count it in `rejected`
-        and return False, with `in_system` unchanged.
+        CONTRACT: `in_system` requests at `seconds_per_request` each (>= 0), as a float in seconds.
+        EXAMPLE: 8 in the system at 0.3 s each: 2.4.
+        """
+        ### BEGIN SOLUTION
+        return self.in_system * float(seconds_per_request)
+        ### END SOLUTION
+
+    def try_admit(self, seconds_per_request: float = 0.0) -> bool:
+        """Admit one request if the system has room and (with `max_wait`) time for it.
+
+        TODO (Exercise 20.2, part 2): refuse at once rather than queue without bound.
+
+        CONTRACT, in this order:
+        - the system is full (`in_system >= max_in_system`): count the request in `rejected`,
+          return False;
+        - `max_wait` is set and `predicted_wait(seconds_per_request)` is **longer** than it: count
+          it in `late`, return False;
+        - otherwise count it in (`in_system` and `admitted` grow by one) and return True.
+        A refusal leaves `in_system` unchanged.
         EXAMPLE: `AdmissionController(2)`: True, True, then False while neither is released.
+        `AdmissionController(10, max_wait=0.12)` with 3 in the system: `try_admit(0.05)` is False
+        (0.15 s > 0.12 s), `try_admit(0.04)` is True (exactly 0.12 s).
         """
         ### BEGIN SOLUTION
         if self.in_system >= self.max_in_system:
             self.rejected += 1
+            return False
+        if self.max_wait is not None and self.predicted_wait(seconds_per_request) > self.max_wait:
+            self.late += 1
             return False
         self.in_system += 1
         self.admitted += 1
@@ -406,1001 +133,320 @@ class AdmissionController:
     def retry_after(self, seconds_per_request: float) -> int:
         """Whole seconds a refused client should wait before trying again (the `Retry-After` header).
 
-        TODO (Exercise 20.2, part 2): the time the server needs to work off what it holds now.
+        TODO (Exercise 20.2, part 3): the time the server needs to work off what it holds now.
 
-        CONTRACT: `in_system * seconds_per_request` (the measured mean service time per request,
-        >= 0) rounded **up** to whole seconds, and never less than 1 (HTTP says whole seconds,
-        and 0 would invite an immediate retry storm).
-        EXAMPLE: 8 in the system at 0.3 s each: `retry_after(0.3) == 3`; at 0.01 s each: 1.
-
-        HINTS: `math.ceil`; `max`.
+        CONTRACT: `predicted_wait(seconds_per_request)` rounded **up** to whole seconds, an `int`,
+        and never less than 1 (HTTP says whole seconds, and 0 would invite an immediate retry storm).
+        EXAMPLE: 8 in the system at 0.3 s each: 3; at 0.01 s each: 1.
         """
         ### BEGIN SOLUTION
-        return max(1, math.ceil(self.in_system * seconds_per_request))
+        return max(1, math.ceil(self.predicted_wait(seconds_per_request)))
         ### END SOLUTION
 
-# %% ../../modules/20_serving/20_serving.ipynb #paged-batch
-class BatchedPagedCache:
-    """One layer's cache for one batched forward over several sequences of a `PagedKVCache` (given).
-
-    Row `i` holds `past[i]` cached positions and brings `counts[i]` new tokens (1 for a sequence
-    being decoded, its whole prompt for one joining). The forward's input is `(B, width)` with each
-    row's new tokens at its right end; the cached keys are laid out from position 0 and padded to
-    the longest, `seq_len`. `GPT.forward`'s `attention_mask` (1 for a row's cached positions and its
-    new tokens, 0 for the padding) hides the padding and gives every token its own position.
-    `update(k, v)` with `(B, H, width, Dh)` writes every row's new keys and values into its blocks
-    with one indexed assignment, reads every row's blocks with one indexed read (no Python loop over
-    blocks or positions), and returns `(B, H, seq_len + width, Dh)`."""
-
-    def __init__(self, pool: PagedKVCache, seq_ids: list, layer: int, seq_len: int, counts):
-        self.pool, self.seq_ids, self.layer, self.seq_len = pool, seq_ids, layer, seq_len
-        self.past = np.array([pool.lengths[s][layer] for s in seq_ids])
-        self.counts = np.asarray(counts)
-        tables = [pool.block_tables[s] for s in seq_ids]
-        self.tables = np.zeros((len(seq_ids), max(map(len, tables))), dtype=np.int64)  # block 0 pads: masked
-        for i, t in enumerate(tables):
-            self.tables[i, :len(t)] = t
-
-    def update(self, k, v) -> tuple:
-        k = k.data if isinstance(k, Tensor) else np.asarray(k)
-        v = v.data if isinstance(v, Tensor) else np.asarray(v)
-        pool, layer, bs = self.pool, self.layer, self.pool.block_size
-        b, h, width, dh = k.shape
-        rows = np.repeat(np.arange(b), self.counts)
-        offsets = np.arange(len(rows)) - np.repeat(np.cumsum(self.counts) - self.counts, self.counts)
-        pos = self.past[rows] + offsets                       # where each new token goes in its sequence
-        src = width - self.counts[rows] + offsets             # where it sits in this forward's input
-        blocks, slots = self.tables[rows, pos // bs], pos % bs
-        pool.k_pool[layer, blocks, :, slots] = k[rows, :, src]
-        pool.v_pool[layer, blocks, :, slots] = v[rows, :, src]
-        for s, n, c in zip(self.seq_ids, self.past, self.counts):
-            pool.lengths[s][layer] = int(n + c)
-        used = -(-self.seq_len // bs)
-        k_past = pool.k_pool[layer, self.tables[:, :used]].transpose(0, 2, 1, 3, 4).reshape(b, h, used * bs, dh)
-        v_past = pool.v_pool[layer, self.tables[:, :used]].transpose(0, 2, 1, 3, 4).reshape(b, h, used * bs, dh)
-        return (Tensor(np.concatenate([k_past[:, :, :self.seq_len], k], axis=2)),
-                Tensor(np.concatenate([v_past[:, :, :self.seq_len], v], axis=2)))
-
-
-class Sequence:
-    """One generation request inside the continuous batcher (given): its prompt, sampling settings,
-    its own generator (from its seed, as `generate_cached` makes it) and the tokens produced so far."""
-
-    def __init__(self, seq_id, prompt, max_new_tokens: int, temperature: float = 0.0, top_k=None, seed=None):
-        self.id = seq_id
-        self.prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
-        self.max_new_tokens, self.temperature, self.top_k = int(max_new_tokens), float(temperature), top_k
-        self.rng = as_generator(seed)
-        self.tokens: list = []
-
-    @property
-    def done(self) -> bool:
-        return len(self.tokens) >= self.max_new_tokens
-
-    def __repr__(self) -> str:
-        return f"Sequence({self.id!r}, prompt {len(self.prompt)}, {len(self.tokens)}/{self.max_new_tokens} tokens)"
-
-def sample_rows(logits, temperature: float, top_k, rngs) -> np.ndarray:
-    """Module 13's `sample_next` for rows that each bring their own generator, in one vectorized pass (given).
-
-    `logits` `(n, V)`, one setting (`temperature`, `top_k`) for every row, `rngs` a list of `n`
-    Generators. Row `i` gets the token that `sample_next(logits[i:i+1], temperature, top_k, rngs[i])`
-    draws: the same arithmetic in float64 (temperature, the `top_k`-th largest value as the cut,
-    softmax with the maximum subtracted) and one `random()` from the row's own generator, scaled by
-    the row's probability sum and located in its cumulative sum. One NumPy call per operation for
-    the whole batch instead of one `sample_next` per row (each about 20 us of call overheads here).
-    Whether it equals *this* `sample_next` is checked, not assumed: `sampling_agrees`."""
-    x = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        return x.argmax(axis=-1).astype(np.int64)
-    x = x / temperature
-    if top_k is not None and top_k < x.shape[-1]:
-        cut = -np.partition(-x, top_k - 1, axis=-1)[:, top_k - 1:top_k]
-        x = np.where(x >= cut, x, -np.inf)
-    p = np.exp(x - x.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    draws = np.array([rng.random() for rng in rngs])[:, None] * p.sum(axis=-1, keepdims=True)
-    return np.minimum((p.cumsum(axis=-1) < draws).sum(axis=-1), x.shape[-1] - 1).astype(np.int64)
-
-
-def sampling_agrees(temperature: float, top_k, vocab: int, trials: int = 64) -> bool:
-    """Whether `sample_rows` draws exactly what `sample_next` draws with these settings (given).
-
-    `sample_next` is the package's own (in a student's edition, the student's exercise 13.4, which
-    may draw otherwise, say by the Gumbel-max trick). On `trials` random rows, each with a fresh generator
-    from its seed, both must give the same token and leave the generator in the same state (the
-    next draw equal); any error counts as a disagreement. The batcher checks this once per setting
-    and falls back to one `sample_next` per row when they disagree, so batching never changes a token."""
-    logits = np.random.default_rng(2023).normal(0.0, 1.5, (trials, vocab)).astype(np.float32)
-    try:
-        alone = [np.random.default_rng(seed) for seed in range(trials)]
-        together = [np.random.default_rng(seed) for seed in range(trials)]
-        expected = [int(sample_next(logits[i:i + 1], temperature, top_k, alone[i])[0]) for i in range(trials)]
-        got = sample_rows(logits, temperature, top_k, together).tolist()
-        return got == expected and all(a.random() == b.random() for a, b in zip(alone, together))
-    except Exception:
-        return False
-
-
 # %% ../../modules/20_serving/20_serving.ipynb #continuous
-class ContinuousBatcher:
+class ContinuousBatcher(GenerationBatcher):
     """Iteration-level scheduling of generation on a paged KV cache (Orca's and vLLM's idea).
 
-    `ContinuousBatcher(model, num_blocks, block_size=16, max_batch_size=8, policy="continuous")`
-    keeps `waiting` (a deque of `Sequence`s, in arrival order) and `running` (a list). Each
-    `step()` runs one decoding iteration for every running sequence in **one** batched forward,
-    lets finished sequences leave and waiting ones join, and returns the finished ones. With
-    `policy="static"` new sequences join only when the whole previous batch has finished (static
-    batching, for comparison). The model is used in eval mode under `no_grad`.
+    `ContinuousBatcher(model, num_blocks, block_size=16, max_batch_size=8, policy="continuous",
+    prefix_cache=32)`: a `GenerationBatcher` (given, engine.py: the queue, the pool, `step()`) with
+    the decisions. With `policy="static"` new sequences join only when nobody is running (static
+    batching, for comparison)."""
 
-    `prefix_cache` (given; entries, 0 turns it off) keeps the keys and values of recent prompts
-    (all but their last token): a joiner whose prompt starts with a cached prompt gets those
-    positions copied into its own blocks and prefills only the rest, at least its last token (whose
-    logits give its first new token). vLLM's automatic prefix caching shares whole blocks by
-    reference instead (a block of 16 here is longer than our prompts); SGLang's radix tree does it
-    token by token."""
+    def schedule(self) -> tuple:
+        """Decide one step: `(decoding, joining)`, two lists of sequences.
 
-    pack_padding = 64   # padding tokens one call may carry rather than make a second call (see `_forward`)
-
-    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8, policy: str = "continuous",
-                 prefix_cache: int = 32):
-        if policy not in ("continuous", "static"):
-            raise ValueError(f"ContinuousBatcher: policy must be 'continuous' or 'static'; got {policy!r}")
-        attn = model.blocks[0].attn
-        self.model, self.policy = model.eval(), policy
-        self.max_batch_size = check_positive_int(max_batch_size, "max_batch_size", "ContinuousBatcher")
-        self.pool = PagedKVCache(num_blocks, block_size, len(model.blocks), attn.num_heads, attn.head_dim)
-        self.waiting: deque = deque()
-        self.running: list = []
-        self.steps = self.decoded_tokens = 0
-        self.batch_sizes = LatencyWindow()
-        self._vectorized: dict = {}   # (temperature, top_k, vocab) -> whether sample_rows equals sample_next
-        if not isinstance(prefix_cache, numbers.Integral) or isinstance(prefix_cache, bool) or prefix_cache < 0:
-            raise ValueError(f"ContinuousBatcher: prefix_cache must be a number of entries >= 0 (0 turns it off); "
-                             f"got {prefix_cache!r}")
-        self.prefix_cache = int(prefix_cache)
-        self.prefixes: OrderedDict = OrderedDict()   # prompt[:-1] as a tuple -> per layer (keys, values) (H, n, Dh)
-        self.prefix_hits = self.prefix_tokens = 0     # joins that reused a cached prefix, prompt tokens not recomputed
-
-    def add(self, seq: Sequence) -> None:
-        "Queue a sequence; it joins at a later `step()`."
-        need = -(-(len(seq.prompt) + seq.max_new_tokens) // self.pool.block_size)
-        if len(seq.prompt) + seq.max_new_tokens > self.model.context_length or need > self.pool.num_blocks:
-            raise ValueError(f"ContinuousBatcher.add: {seq} needs {len(seq.prompt) + seq.max_new_tokens} positions "
-                             f"({need} blocks); the model's context is {self.model.context_length} and the pool has "
-                             f"{self.pool.num_blocks} blocks")
-        self.waiting.append(seq)
-
-    def _reserve(self, seq: Sequence) -> bool:
-        "Take the blocks of the whole sequence (prompt + every new token) now, or return False if too few are free."
-        need = -(-(len(seq.prompt) + seq.max_new_tokens) // self.pool.block_size)
-        if need > self.pool.num_free_blocks:
-            return False
-        self.pool.add_sequence(seq.id)
-        self.pool.allocate(seq.id, len(seq.prompt) + seq.max_new_tokens)
-        return True
-
-    def _reuse_prefix(self, seq: Sequence) -> None:
-        """Write into a fresh joiner's blocks (`pool.write`, module 18) the keys and values of the
-        longest cached prompt that its prompt starts with (at most all but its last token)."""
-        if not self.prefix_cache or len(seq.prompt) < 2 or self.pool.lengths[seq.id][0]:
-            return
-        prompt = tuple(seq.prompt.tolist())
-        key = prompt[:-1] if prompt[:-1] in self.prefixes else None
-        if key is None:   # a shorter cached prompt it starts with (a shared system prompt, say)
-            key = max((k for k in self.prefixes if len(k) < len(prompt) and prompt[:len(k)] == k), key=len, default=None)
-        if key is None:
-            return
-        self.prefixes.move_to_end(key)
-        for layer, (k, v) in enumerate(self.prefixes[key]):
-            self.pool.write(seq.id, layer, k, v)
-        self.prefix_hits += 1
-        self.prefix_tokens += len(key)
-
-    def _remember_prefix(self, seq: Sequence) -> None:
-        "After a joiner's prefill: cache its prompt's keys and values but the last token's (least recently used out)."
-        key = tuple(seq.prompt[:-1].tolist())
-        if not self.prefix_cache or not key or key in self.prefixes:
-            return
-        n = len(key)
-        self.prefixes[key] = [tuple(a[:, :n].copy() for a in self.pool.gather(seq.id, layer))
-                              for layer in range(self.pool.num_layers)]
-        while len(self.prefixes) > self.prefix_cache:
-            self.prefixes.popitem(last=False)
-
-    def _forward(self, decoding: list, joining: list) -> np.ndarray:
-        """The batched forward of one step: the newest token of each sequence in `decoding` at its own
-        position, and the whole prompt of each sequence in `joining` (its prefill), into their blocks.
-        Returns the logits `(len(decoding) + len(joining), V)` of each row's last token, decoding rows
-        first. Decodes and prefills share one model call when the padding that costs is small: every
-        row is as wide as the longest prompt, so the one-token decodes bring `width - 1` padding
-        tokens each. Past `pack_padding` padding tokens (or past the model's context, the width of the
-        padded layout), they are two calls: a call's fixed cost (every op's overhead, the weights read
-        once) against the padding's arithmetic. A joiner whose prompt begins with a cached one
-        (`prefix_cache`) brings only the rest of its prompt: a repeated prompt joins as one token."""
-        for seq in joining:
-            self._reuse_prefix(seq)
-        seqs = list(decoding) + list(joining)
-        past = [self.pool.lengths[s.id][0] for s in seqs]
-        news = [[s.tokens[-1]] for s in decoding] + [s.prompt[n:].tolist() for s, n in zip(joining, past[len(decoding):])]
-        longest, width = max(past), max(map(len, news))
-        padding = len(seqs) * width - sum(map(len, news))
-        if decoding and joining and (padding > self.pack_padding or longest + width > self.model.context_length):
-            return np.concatenate([self._forward(decoding, []), self._forward([], joining)])
-        ids = np.zeros((len(seqs), width), dtype=np.int64)
-        mask = np.zeros((len(seqs), longest + width), dtype=np.int64)
-        for i, (new, n) in enumerate(zip(news, past)):
-            ids[i, width - len(new):] = new
-            mask[i, :n] = 1
-            mask[i, longest + width - len(new):] = 1
-        caches = [BatchedPagedCache(self.pool, [s.id for s in seqs], layer, longest, [len(n) for n in news])
-                  for layer in range(self.pool.num_layers)]
-        with no_grad():
-            logits = self.model(ids, start_pos=longest, cache=caches, attention_mask=mask).data[:, -1]
-        for seq in joining:
-            self._remember_prefix(seq)
-        self.decoded_tokens += len(decoding)
-        return logits
-
-    def _emit(self, seqs: list, logits: np.ndarray) -> None:
-        """Append to each sequence of `seqs` its next token, drawn from its row of `logits`
-        `(len(seqs), V)` with its own settings and generator, as `sample_next` draws it alone.
-        Rows that share (temperature, top_k) are drawn in one vectorized pass (`sample_rows`) once
-        `sampling_agrees` has confirmed, for that setting, that the pass equals `sample_next`;
-        otherwise one `sample_next` per row."""
-        if not isinstance(seqs, (list, tuple)) or np.ndim(logits) != 2 or len(seqs) != len(logits):
-            raise TypeError(f"_emit(seqs, logits) takes the list of sequences in the order of the logits' rows and "
-                            f"the logits (len(seqs), V) of one step; got {type(seqs).__name__} "
-                            f"{'of ' + str(len(seqs)) + ' ' if isinstance(seqs, (list, tuple)) else ''}and logits of "
-                            f"shape {np.shape(logits)}")
-        groups: dict = {}
-        for i, seq in enumerate(seqs):
-            groups.setdefault((seq.temperature, seq.top_k), []).append(i)
-        for (temperature, top_k), rows in groups.items():
-            key = (temperature, top_k, logits.shape[-1])
-            if key not in self._vectorized:
-                self._vectorized[key] = sampling_agrees(*key)
-            if self._vectorized[key]:
-                tokens = sample_rows(logits[rows], temperature, top_k, [seqs[i].rng for i in rows]).tolist()
-            else:
-                tokens = [int(sample_next(logits[i][None], temperature, top_k, seqs[i].rng)[0]) for i in rows]
-            for i, token in zip(rows, tokens):
-                seqs[i].tokens.append(int(token))
-
-    def step(self) -> list:
-        """One iteration: decode the running sequences, let new ones join, let finished ones leave.
-
-        TODO (Exercise 20.4): the scheduler step of continuous batching.
+        TODO (Exercise 20.3, part 1): blocks for the running (preempting when the pool runs dry),
+        then the joiners, first come first served.
 
         CONTRACT, in this order:
-        1. Join: while `waiting` is not empty, fewer than `max_batch_size` sequences are running or
-           joining and `_reserve(waiting[0])` succeeds, move that sequence from the left of
-           `waiting` to a list of joiners. First come, first served: stop at the first sequence
-           that does not fit. With `policy == "static"`, nobody joins while sequences are running.
-        2. One forward pass for everyone: if any sequence is running or joining, one call of
-           `_forward(running, joiners)` (it decodes the running ones and prefills the joiners in the
-           same batch), then one call of `_emit` with the sequences in the order of the logits' rows
-           (running first, then the joiners) and the logits; the joiners are appended to `running`.
-        3. Leave: every sequence of `running` that is `done` leaves it (the others keep their
-           order) and its blocks go back to the pool (`self.pool.free(seq.id)`).
-        Add 1 to `self.steps` and record the number of sequences *decoded* (running at the start of
-        the step, 0 if none) with `self.batch_sizes.add`. Return the list of sequences that left, in
-        `running` order.
-        EXAMPLE: max_batch_size 2, three waiting prompts asking for 1, 3, 2 tokens: step 1 joins the
-        first two (the first is done at once and leaves); step 2 decodes the second and joins the
-        third; step 3 decodes both, and both leave.
+        1. Blocks for the running, in `running` order: a sequence whose `blocks_needed` the pool can
+           give gets its table extended to its whole context (`self.pool.allocate(seq.id,
+           seq.length)`) and is decoded this step. When the pool has too few free blocks, preempt
+           the **last** sequence of `running` (`self.preempt`), which may be the one in hand, and
+           try again. `decoding` is the running sequences that got their blocks, in order.
+        2. Join: unless `policy == "static"` and someone is running, move sequences from the left
+           of `waiting` to the end of `running` while `waiting` is not empty, fewer than
+           `max_batch_size` are running, and the pool can give the head its `blocks_needed`: each
+           is registered in the pool (`add_sequence`) and given blocks for its whole context.
+           First come, first served: stop at the first that does not fit. `joining` is those, in
+           order.
+        EXAMPLE: max_batch_size 2, three waiting prompts: the first two join; the third waits
+        until one of them has left.
 
-        HINTS: a deque's `popleft`; list concatenation gives the rows' order; list comprehensions
-        on `.done`; `_reserve` returns False when the pool has too few free blocks.
+        HINTS: `while` loops; the deque's `popleft`; `len(self.running)` counts the joiners already
+        appended.
         """
         ### BEGIN SOLUTION
-        decoded = len(self.running)
-        joiners = []
-        if self.policy == "continuous" or decoded == 0:
-            while (self.waiting and decoded + len(joiners) < self.max_batch_size
-                   and self._reserve(self.waiting[0])):
-                joiners.append(self.waiting.popleft())
-        if self.running or joiners:
-            logits = self._forward(self.running, joiners)
-            self._emit(self.running + joiners, logits)
-            self.running.extend(joiners)
+        decoding = []
+        while len(decoding) < len(self.running):
+            seq = self.running[len(decoding)]
+            need = self.blocks_needed(seq)      # 0 but once every block_size tokens
+            if need <= self.pool.num_free_blocks:
+                if need:
+                    self.pool.allocate(seq.id, seq.length)
+                decoding.append(seq)
+            else:   # the pool ran dry: the latest to join gives its blocks back (perhaps seq itself)
+                self.preempt(self.running[-1])
+        joining = []
+        if self.policy == "continuous" or not self.running:
+            while (self.waiting and len(self.running) < self.max_batch_size
+                   and self.blocks_needed(self.waiting[0]) <= self.pool.num_free_blocks):
+                seq = self.waiting.popleft()
+                self.pool.add_sequence(seq.id)
+                self.pool.allocate(seq.id, seq.length)
+                self.running.append(seq)
+                joining.append(seq)
+        return decoding, joining
+        ### END SOLUTION
+
+    def preempt(self, seq: Sequence) -> None:
+        """Send a running sequence back to the queue (recompute preemption).
+
+        TODO (Exercise 20.3, part 2): free its memory, keep its place in line.
+
+        CONTRACT: `seq` leaves `running`, its blocks go back to the pool (`self.pool.free`), it goes
+        to the **front** of `waiting` (it arrived before everyone still waiting) with its tokens
+        kept, and `preemptions` grows by one.
+        """
+        ### BEGIN SOLUTION
+        self.running.remove(seq)
+        self.pool.free(seq.id)
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+        ### END SOLUTION
+
+    def leave(self) -> list:
+        """Let the finished sequences go.
+
+        TODO (Exercise 20.3, part 3): the end of a step.
+
+        CONTRACT: every sequence of `running` that is `done` leaves it (the others keep their order)
+        and its blocks go back to the pool; return those that left, in `running` order.
+        """
+        ### BEGIN SOLUTION
         finished = [s for s in self.running if s.done]
         self.running = [s for s in self.running if not s.done]
         for seq in finished:
             self.pool.free(seq.id)
-        self.steps += 1
-        self.batch_sizes.add(decoded)
         return finished
         ### END SOLUTION
 
-    def run_until_done(self, max_steps: int = 100_000) -> list:
-        "Step until nothing is waiting or running (given); the finished sequences in the order they left."
-        out = []
-        for _ in range(max_steps):
-            if not self.waiting and not self.running:
-                return out
-            out.extend(self.step())
-        raise RuntimeError(f"ContinuousBatcher.run_until_done: still busy after {max_steps} steps "
-                           f"({len(self.waiting)} waiting, {len(self.running)} running)")
+    def abort(self, seq_id):
+        """Drop the sequence `seq_id` wherever it is (its client disconnected); return it, or None.
+
+        TODO (Exercise 20.3, part 4): what vLLM's `abort` does between two steps.
+
+        CONTRACT: a waiting sequence with that id is removed from `waiting`; a running one from
+        `running`, its blocks freed. Return the sequence, or None when no sequence has that id.
+        """
+        ### BEGIN SOLUTION
+        for seq in self.waiting:
+            if seq.id == seq_id:
+                self.waiting.remove(seq)
+                return seq
+        for seq in self.running:
+            if seq.id == seq_id:
+                self.running.remove(seq)
+                self.pool.free(seq.id)
+                return seq
+        return None
+        ### END SOLUTION
+
+    # the forward's decisions (exercises 20.4 and 20.5, below), asked for by GenerationBatcher._forward
+    def pack_rows(self, past, widths, context_length, pack_padding):
+        return pack_rows(past, widths, context_length, pack_padding)
+
+    def call_layout(self, past, news):
+        return call_layout(past, news)
+
+    def slot_mapping(self, tables, past, counts, block_size):
+        return slot_mapping(tables, past, counts, block_size)
+
+# %% ../../modules/20_serving/20_serving.ipynb #pack
+def pack_rows(past, widths, context_length: int, pack_padding: int) -> list:
+    """Group one step's rows into forward calls: a list of calls, each a list of row indices.
+
+    TODO (Exercise 20.4, part 1): first fit, within the context and the padding budget.
+
+    CONTRACT: row `i` has `past[i]` positions cached and brings `widths[i]` new tokens. A call
+    over the rows `R` may hold them only when
+    - `max(past[R]) + max(widths[R]) <= context_length` (the padded layout's positions exist), and
+    - its padding, `len(R) * max(widths[R]) - sum(widths[R])` tokens, is at most `pack_padding`.
+    Take the rows in order and put each into the first call (in the order the calls were opened)
+    that still satisfies both with it added; when none does, open a new call with it. Every row
+    goes in exactly one call; a call lists its rows in increasing order. A single row always fits.
+    EXAMPLE: `past [5, 9, 0]`, `widths [1, 1, 20]`, `pack_padding 64`: with `context_length 32`
+    one call `[[0, 1, 2]]` (9 + 20 = 29 positions, 38 padding tokens); with 24, `[[0, 1], [2]]`.
+
+    HINTS: a `for ... else`; a call's longest past, widest row and token count change only when a
+    row joins it.
+    """
+    ### BEGIN SOLUTION
+    calls, shapes = [], []   # per call: its longest past, its widest row and its tokens, kept as rows join
+    for i, (p, w) in enumerate(zip(past, widths)):
+        for call, shape in zip(calls, shapes):
+            longest, wide, tokens = max(shape[0], p), max(shape[1], w), shape[2] + w
+            if longest + wide <= context_length and (len(call) + 1) * wide - tokens <= pack_padding:
+                call.append(i)
+                shape[:] = [longest, wide, tokens]
+                break
+        else:
+            calls.append([i])
+            shapes.append([p, w, w])
+    return calls
+    ### END SOLUTION
+
+
+def call_layout(past, news) -> tuple:
+    """The input of one forward call: `(ids, mask, start)`.
+
+    TODO (Exercise 20.4, part 2): the padded rectangle and the mask that hides its padding.
+
+    CONTRACT: row `i` has `past[i]` positions cached and brings the token ids `news[i]` (a list,
+    possibly empty: a finished row of a static batch). With `W` the longest `news` and `P =
+    max(past)`: `start = P`; `ids` `(n, W)` int64 holds each row's new tokens at its right end (the
+    last `len(news[i])` columns) and 0 before them; `mask` `(n, P + W)` int64 is 1 on a row's
+    cached positions (columns `0 .. past[i] - 1`) and on its new tokens (the last `len(news[i])`
+    columns), 0 elsewhere. `GPT.forward(ids, start_pos=start, attention_mask=mask)` then gives every
+    token its own position and attends to no padding.
+    EXAMPLE: `past [2, 0]`, `news [[7], [3, 4, 5]]`: `start` 2, `ids [[0, 0, 7], [3, 4, 5]]`,
+    `mask [[1, 1, 0, 0, 1], [0, 0, 1, 1, 1]]`.
+
+    HINTS: `np.zeros` with a dtype; slices that count from the end, and what `-0` means in one.
+    """
+    ### BEGIN SOLUTION
+    width, start = max(len(n) for n in news), max(past)
+    ids = np.zeros((len(news), width), dtype=np.int64)
+    mask = np.zeros((len(news), start + width), dtype=np.int64)
+    for i, (new, n) in enumerate(zip(news, past)):
+        ids[i, width - len(new):] = new              # not ids[i, -len(new):]: -0 is the whole row
+        mask[i, :n] = 1
+        mask[i, start + width - len(new):] = 1
+    return ids, mask, start
+    ### END SOLUTION
+
+# %% ../../modules/20_serving/20_serving.ipynb #slots
+def slot_mapping(tables, past, counts, block_size: int) -> tuple:
+    """Where each new token of a forward call goes in the paged pool: `(rows, positions, blocks, slots)`.
+
+    TODO (Exercise 20.5): the block and slot of every new token, for every row at once.
+
+    CONTRACT: `tables` `(B, n)` int holds row `i`'s block table (padded); row `i` has `past[i]`
+    positions cached and brings `counts[i] >= 0` new tokens, at positions `past[i] ..
+    past[i] + counts[i] - 1`. List the new tokens row by row, in position order; for each give its
+    row, its position, the block holding that position (`tables[row, position // block_size]`)
+    and its slot in the block (`position % block_size`): four int arrays of length `sum(counts)`.
+    No Python loop over tokens.
+    EXAMPLE: `tables [[5, 2], [7, 0]]`, `past [3, 0]`, `counts [2, 1]`, block size 4: rows
+    `[0, 0, 1]`, positions `[3, 4, 0]`, blocks `[5, 2, 7]`, slots `[3, 0, 0]`.
+
+    HINTS: `np.repeat` and `np.cumsum` give each token its row and its offset within the row;
+    indexing a 2-D array with two integer arrays picks one element per pair.
+    """
+    tables, past, counts = np.asarray(tables), np.asarray(past), np.asarray(counts)
+    ### BEGIN SOLUTION
+    rows = np.repeat(np.arange(len(counts)), counts)
+    first = np.cumsum(counts) - counts                    # index of each row's first token in the list
+    positions = past[rows] + np.arange(len(rows)) - first[rows]
+    return rows, positions, tables[rows, positions // block_size], positions % block_size
+    ### END SOLUTION
 
 # %% ../../modules/20_serving/20_serving.ipynb #static-batcher
 class StaticBatcher(ContinuousBatcher):
     """Static batching as FasterTransformer and a batched `generate` run it (given): continuous batching's baseline.
 
-    `StaticBatcher(model, num_blocks, block_size=16, max_batch_size=8)`. Up to `max_batch_size` waiting
-    sequences start together (one prefill); at every step every row of the batch is computed, the rows of
-    sequences already done included (such a row brings no new token and its logits are thrown away: the
-    batch is one rectangle until its end); the batch leaves together when its longest sequence is done,
-    and only then do the next sequences join. That is the baseline of the Orca paper (Yu et al., OSDI
-    2022). `ContinuousBatcher(policy="static")` differs in one point: a finished sequence leaves at once,
-    so its row is no longer computed. Every sequence still gets exactly its solo tokens."""
+    `StaticBatcher(model, num_blocks, block_size=16, max_batch_size=8, prefix_cache=32)`. Up to
+    `max_batch_size` waiting sequences start together (one prefill); at every step every row of the
+    batch is computed, the rows of sequences already done included (such a row brings no new token and
+    its logits are thrown away: the batch is one rectangle until its end); the batch leaves together
+    when its longest sequence is done, and only then do the next sequences join. That is the baseline of
+    the Orca paper (Yu et al., OSDI 2022). `ContinuousBatcher(policy="static")` differs in one point: a
+    finished sequence leaves at once, so its row is no longer computed."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch_size: int = 8, prefix_cache: int = 32):
         super().__init__(model, num_blocks, block_size, max_batch_size, policy="static", prefix_cache=prefix_cache)
 
     def _forward_rows(self, decoding: list, done: list) -> np.ndarray:
-        """One decoding step of `decoding` in a batch that still computes the rows of the `done` sequences
+        """One decoding step of `decoding` in a call that still computes the rows of the `done` sequences
         (padding: no new token, no key or value written). Returns the logits `(len(decoding), V)`."""
         seqs = list(decoding) + list(done)
         past = [self.pool.lengths[s.id][0] for s in seqs]
-        longest = max(past)
-        ids = np.zeros((len(seqs), 1), dtype=np.int64)
-        mask = np.zeros((len(seqs), longest + 1), dtype=np.int64)
-        for i, (seq, n) in enumerate(zip(seqs, past)):
-            mask[i, :n] = 1
-            if i < len(decoding):
-                ids[i, 0] = seq.tokens[-1]
-                mask[i, longest] = 1
-        counts = [1] * len(decoding) + [0] * len(done)
-        caches = [BatchedPagedCache(self.pool, [s.id for s in seqs], layer, longest, counts)
-                  for layer in range(self.pool.num_layers)]
-        with no_grad():
-            logits = self.model(ids, start_pos=longest, cache=caches, attention_mask=mask).data[:, -1]
-        self.decoded_tokens += len(decoding)
-        return logits[:len(decoding)]
+        news = [[s.tokens[-1]] for s in decoding] + [[] for _ in done]
+        return self._call(seqs, past, news)[:len(decoding)]
 
     def step(self) -> list:
         "One step of the batch (or the prefill of a new one); the whole batch once its last sequence is done."
-        decoded = 0
-        if not self.running:
-            joiners = []
-            while self.waiting and len(joiners) < self.max_batch_size and self._reserve(self.waiting[0]):
-                joiners.append(self.waiting.popleft())
-            if joiners:
-                self._emit(joiners, self._forward([], joiners))
-                self.running = joiners
-        else:
-            decoding = [s for s in self.running if not s.done]
-            decoded = len(decoding)
-            self._emit(decoding, self._forward_rows(decoding, [s for s in self.running if s.done]))
-        finished = []
-        if self.running and all(s.done for s in self.running):
-            finished, self.running = self.running, []
-            for seq in finished:
-                self.pool.free(seq.id)
+        before = list(self.running)
+        self.running = [s for s in before if not s.done]      # the scheduler sees the rows that still decode
+        decoding, joining = self.schedule()
+        kept = {id(s) for s in self.running}                  # the rows not preempted, and the joiners
+        self.running = [s for s in before if s.done or id(s) in kept] + list(joining)
+        if joining:
+            self._emit(list(joining), self._forward([], joining))
+        elif decoding:
+            self._emit(list(decoding), self._forward_rows(decoding, [s for s in self.running if s.done]))
+            self.decoded_tokens += len(decoding)
+        elif self.waiting:
+            self._stuck()
+        finished = self.leave()
         self.steps += 1
-        self.batch_sizes.add(decoded)
+        self.batch_sizes.add(len(decoding))
         return finished
 
+    def leave(self) -> list:
+        "The batch leaves together, once its last sequence is done (its blocks freed)."
+        if not self.running or not all(s.done for s in self.running):
+            return []
+        finished, self.running = self.running, []
+        for seq in finished:
+            self.pool.free(seq.id)
+        return finished
 
-# %% ../../modules/20_serving/20_serving.ipynb #gen-engine
-class GenerationEngine(WorkerLoop):
-    """The asyncio side of a `ContinuousBatcher` (given): `await generate(...)` or `async for` over
-    `stream(...)`; one loop runs `step()` on a worker thread while requests arrive. New sequences are
-    handed over only between steps, so the batcher is never touched by two threads at once."""
-
-    def __init__(self, batcher: ContinuousBatcher):
-        self.batcher = batcher
-        self.inbox: list = []
-        self.listeners: dict = {}
-        self.step_times = LatencyWindow()
-        self.tokens_asked = LatencyWindow()   # new tokens per request
-        self._next_id = 0
-
-    thread_name = "tinytorch-decode"
-
-    def _busy(self) -> bool:
-        return bool(self.inbox or self.listeners)
-
-    def _fail_waiting(self, error) -> None:
-        for _, queue, _ in self.listeners.values():
-            queue.put_nowait(error)
-        self.listeners.clear()
-        self.inbox.clear()
-
-    @property
-    def queue_length(self) -> int:
-        return len(self.inbox) + len(self.batcher.waiting)
-
-    def seconds_per_request(self) -> float:
-        "Mean step time x mean new tokens asked per request, roughly the service time of one request."
-        if not self.step_times.values or not self.tokens_asked.values:
-            return 0.0
-        return float(np.mean(self.step_times.values)) * float(np.mean(self.tokens_asked.values))
-
-    async def stream(self, prompt, max_new_tokens: int, temperature: float = 0.0, top_k=None, seed=None):
-        "Yield the new token ids one at a time as the batcher produces them."
-        self._check_running("GenerationEngine.stream")
-        self._next_id += 1
-        seq = Sequence(self._next_id, prompt, max_new_tokens, temperature, top_k, seed)
-        self.tokens_asked.add(seq.max_new_tokens)
-        queue: asyncio.Queue = asyncio.Queue()
-        self.listeners[seq.id] = (seq, queue, 0)
-        self.inbox.append(seq)
-        self._wake.set()
-        for _ in range(seq.max_new_tokens):
-            token = await queue.get()
-            if isinstance(token, BaseException):
-                raise token
-            yield token
-
-    async def generate(self, prompt, max_new_tokens: int, **kw) -> list:
-        return [t async for t in self.stream(prompt, max_new_tokens, **kw)]
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        b = self.batcher
-        while True:
-            while self.inbox:
-                seq = self.inbox.pop(0)
-                try:
-                    b.add(seq)
-                except ValueError as e:
-                    self.listeners.pop(seq.id)[1].put_nowait(e)
-            if not b.waiting and not b.running:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            t0 = time.perf_counter()
-            try:
-                await loop.run_in_executor(self._executor, b.step)
-            except Exception as e:   # a failing step fails its sequences, not the server
-                for seq_id, (seq, queue, _) in list(self.listeners.items()):
-                    if not any(seq is s for s in self.inbox):   # the batcher had it: running, waiting or joining
-                        queue.put_nowait(e)
-                        del self.listeners[seq_id]
-                for seq_id in list(b.pool.block_tables):        # a joiner's blocks too, taken before the failure
-                    b.pool.free(seq_id)
-                b.running.clear()
-                b.waiting.clear()
-                continue
-            self.step_times.add(time.perf_counter() - t0)
-            for seq_id, (seq, queue, sent) in list(self.listeners.items()):
-                for token in seq.tokens[sent:]:
-                    queue.put_nowait(token)
-                if seq.done:
-                    del self.listeners[seq_id]
-                else:
-                    self.listeners[seq_id] = (seq, queue, len(seq.tokens))
-            await asyncio.sleep(0)   # let handlers run between steps
-
-# %% ../../modules/20_serving/20_serving.ipynb #meter
-class InSystemMeter:
-    """How many requests are in the system, `n`, and the time integral of `n` (given): the area under
-    the curve N(t), from which `/metrics` gives the time-average number in the system that Little's
-    law relates to the arrival rate and the mean time in the system."""
-
-    def __init__(self, clock=time.perf_counter):
-        self.clock = clock
-        self.n = self.arrivals = self.departures = 0
-        self.area = 0.0
-        self.started = self.last = clock()
-
-    def _advance(self) -> float:
-        now = self.clock()
-        self.area += self.n * (now - self.last)
-        self.last = now
-        return now
-
-    def enter(self) -> None:
-        self._advance()
-        self.n += 1
-        self.arrivals += 1
-
-    def leave(self) -> None:
-        self._advance()
-        self.n -= 1
-        self.departures += 1
-
-    def snapshot(self) -> tuple:
-        "(area in request-seconds, seconds since the meter started)"
-        now = self._advance()
-        return self.area, now - self.started
-
-
-class _MeterMiddleware:
-    "ASGI middleware (given): every request to /v1/... is in the system from its arrival to its last byte."
-
-    def __init__(self, app, meter: InSystemMeter):
-        self.app, self.meter = app, meter
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
-            return await self.app(scope, receive, send)
-        self.meter.enter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.meter.leave()
-
-# %% ../../modules/20_serving/20_serving.ipynb #app
-MAX_BODY_BYTES = 1 << 20
-
-
-class ServingState:
-    """Everything one server holds (given): the models, their batchers, admission controllers, meters,
-    latency windows and counters; `create_app` puts it in `app.state.serving`."""
-
-    def __init__(self, classifier=None, input_shape=None, gpt=None, vocab=None, *, max_batch_size=32,
-                 max_wait=0.005, max_queue=64, gen_max_batch_size=8, gen_max_queue=32, num_blocks=None,
-                 block_size=16, max_new_tokens_limit=64, policy="continuous", drain_timeout=30.0,
-                 max_queue_delay=None, max_loop_lag=None, prefix_cache=32):
-        if classifier is None and gpt is None:
-            raise ValueError("create_app: give a classifier (with input_shape), a gpt, or both")
-        self.classifier, self.gpt, self.vocab = classifier, gpt, vocab
-        self.input_shape = None if input_shape is None else tuple(int(d) for d in input_shape)
-        if classifier is not None:
-            if self.input_shape is None:
-                raise ValueError("create_app: a classifier needs input_shape, the shape of one input, e.g. (64,)")
-            classifier.eval()
-            self.cls_batcher = DynamicBatcher(self._run_classifier, max_batch_size, max_wait,
-                                              max_queue_delay=max_queue_delay)
-            self.cls_admission = AdmissionController(max_queue)
-        if gpt is not None:
-            blocks = num_blocks or gen_max_batch_size * -(-gpt.context_length // block_size)
-            self.engine = GenerationEngine(ContinuousBatcher(gpt, blocks, block_size, gen_max_batch_size, policy,
-                                                             prefix_cache=prefix_cache))
-            self.gen_admission = AdmissionController(gen_max_queue)
-            self.stoi = None if vocab is None else {c: i for i, c in enumerate(vocab)}
-        self.max_new_tokens_limit = int(max_new_tokens_limit)
-        self.drain_timeout = float(drain_timeout)
-        self.meter = InSystemMeter()
-        self.latency = {"classify": LatencyWindow(), "generate": LatencyWindow()}
-        self.responses: dict = {}
-        self.tokens_generated = 0
-        self.closing = False
-        # load shedding on the event loop's lag (Fastify's under-pressure, Node's toobusy): when the loop runs its
-        # timers late, every request's time grows before any queue sees it, and a refusal is the cheapest answer
-        self.max_loop_lag = None if max_loop_lag is None else float(max_loop_lag)
-        self.loop_lag = 0.0
-        self.lag_refusals = self.wait_refusals = 0
-        self._lag_task = None
-
-    async def _watch_loop_lag(self, interval: float = 0.005) -> None:
-        """`loop_lag`: how late the event loop ran a timer of `interval` seconds, measured without end; each
-        sample replaces the estimate if larger, else the estimate halves (a late loop is remembered briefly)."""
-        while True:
-            t0 = time.perf_counter()
-            await asyncio.sleep(interval)
-            sample = max(0.0, time.perf_counter() - t0 - interval)
-            self.loop_lag = max(sample, self.loop_lag / 2)
-
-    def refuse_for_lag(self, endpoint: str):
-        "A 503 if the event loop runs later than `max_loop_lag`, else None (called before admission)."
-        if self.max_loop_lag is None or self.loop_lag <= self.max_loop_lag:
-            return None
-        self.lag_refusals += 1
-        self.count(endpoint, 503)
-        return _error(503, f"overloaded: the server's event loop runs {self.loop_lag * 1e3:.0f} ms late (max_loop_lag "
-                           f"{self.max_loop_lag * 1e3:.0f} ms); retry after 1 s", {"Retry-After": "1"})
-
-    def refuse_for_wait(self):
-        """A 503 if the classification requests already in the system would keep a new one waiting longer than
-        `max_queue_delay` at the batcher's *recent* service rate, else None: Little's law with the throughput the
-        server has now, which under overload is below the capacity the queue bound was sized for."""
-        limit = self.cls_batcher.max_queue_delay
-        if limit is None:
-            return None
-        wait = self.cls_admission.in_system * self.cls_batcher.recent_seconds_per_request
-        if wait <= limit:
-            return None
-        self.wait_refusals += 1
-        self.count("classify", 503)
-        return _error(503, f"overloaded: the {self.cls_admission.in_system} requests in the system take about "
-                           f"{wait * 1e3:.0f} ms at the recent service rate, more than max_queue_delay "
-                           f"({limit * 1e3:.0f} ms); retry after 1 s", {"Retry-After": "1"})
-
-    def _run_classifier(self, xs: np.ndarray) -> np.ndarray:
-        "Class probabilities `(B, C)` of a batch, in float64 (runs on the batcher's thread)."
-        with no_grad():
-            logits = self.classifier(Tensor(xs)).data.astype(np.float64)
-        e = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-
-    def count(self, endpoint: str, status: int) -> None:
-        key = (endpoint, status)
-        self.responses[key] = self.responses.get(key, 0) + 1
-
-    async def start(self) -> None:
-        self.closing = False
-        if self.max_loop_lag is not None:
-            self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag())
-        if self.classifier is not None:
-            await self.cls_batcher.start()
-        if self.gpt is not None:
-            await self.engine.start()
-
-    async def stop(self) -> None:
-        "Graceful shutdown: refuse new requests, wait (at most `drain_timeout`) for those in flight, stop."
-        self.closing = True
-        deadline = time.perf_counter() + self.drain_timeout
-        while self.meter.n > 0 and time.perf_counter() < deadline:
-            await asyncio.sleep(0.005)
-        if self.classifier is not None:
-            await self.cls_batcher.stop()
-        if self.gpt is not None:
-            await self.engine.stop()
-        if self._lag_task is not None:
-            self._lag_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lag_task
-            self._lag_task = None
-
-    def metrics_text(self) -> str:
-        "The Prometheus text exposition of the server's state."
-        area, uptime = self.meter.snapshot()
-        out = []
-
-        def metric(name, kind, help_text, samples):
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-            for labels, value in samples:
-                lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                out.append(f"{name}{{{lab}}} {value:.9g}" if lab else f"{name} {value:.9g}")
-
-        metric("tinytorch_requests_in_system", "gauge", "Requests between arrival and last byte of the answer.",
-               [({}, self.meter.n)])
-        metric("tinytorch_in_system_seconds_total", "counter",
-               "Time integral of requests_in_system (request-seconds); its rate is the mean number in the system.",
-               [({}, area)])
-        metric("tinytorch_uptime_seconds", "counter", "Seconds since the server started.", [({}, uptime)])
-        metric("tinytorch_arrivals_total", "counter", "Requests that arrived at /v1/.", [({}, self.meter.arrivals)])
-        metric("tinytorch_responses_total", "counter", "Answers by endpoint and HTTP status.",
-               [({"endpoint": e, "code": c}, n) for (e, c), n in sorted(self.responses.items())])
-        queues, sizes = [], []
-        if self.classifier is not None:
-            queues.append(({"endpoint": "classify"}, self.cls_batcher.queue_length))
-            sizes.append(("classify", self.cls_batcher.batch_sizes))
-        if self.gpt is not None:
-            queues.append(({"endpoint": "generate"}, self.engine.queue_length))
-            sizes.append(("generate", self.engine.batcher.batch_sizes))
-        metric("tinytorch_queue_length", "gauge", "Admitted requests waiting for a batch.", queues)
-        metric("tinytorch_event_loop_lag_seconds", "gauge",
-               "How late the event loop runs a 5 ms timer (measured only with max_loop_lag set).", [({}, self.loop_lag)])
-        metric("tinytorch_loop_lag_refusals_total", "counter", "Requests refused (503) because the loop ran late.",
-               [({}, self.lag_refusals)])
-        if self.classifier is not None:
-            metric("tinytorch_queue_timeouts_total", "counter",
-                   "Admitted requests refused (503) after waiting longer than max_queue_delay.",
-                   [({"endpoint": "classify"}, self.cls_batcher.timed_out)])
-        for name, windows, help_text in (
-                ("tinytorch_batch_size", sizes, "Requests per classifier batch / sequences per decode step."),
-                ("tinytorch_request_latency_seconds", list(self.latency.items()),
-                 "Server-side latency of answered requests (last 2048).")):
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} summary")
-            for endpoint, w in windows:
-                for q, v in w.quantiles().items():
-                    out.append(f'{name}{{endpoint="{endpoint}",quantile="{q}"}} {v:.9g}')
-                out.append(f'{name}_sum{{endpoint="{endpoint}"}} {w.sum:.9g}')
-                out.append(f'{name}_count{{endpoint="{endpoint}"}} {w.count}')
-        metric("tinytorch_generated_tokens_total", "counter", "Tokens sent to clients.", [({}, self.tokens_generated)])
-        if self.gpt is not None:
-            metric("tinytorch_prefix_cache_tokens_total", "counter",
-                   "Prompt tokens whose keys and values were copied from the prefix cache, not computed.",
-                   [({}, self.engine.batcher.prefix_tokens)])
-        return "\n".join(out) + "\n"
-
-
-def _error(status: int, message: str, headers=None):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
-
-
-async def _body(request) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        raise RequestError(413, f"the body has {size} bytes; the limit is {MAX_BODY_BYTES}")
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(413, f"the body has {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
-    return body
-
-
-async def _classify(request):
-    from starlette.responses import JSONResponse
-
-    st: ServingState = request.app.state.serving
-    if st.classifier is None:
-        return _error(404, "this server has no classifier; start it with one (create_app(classifier=..., input_shape=...))")
-    if st.closing:
-        st.count("classify", 503)
-        return _error(503, "the server is shutting down; retry on another replica", {"Retry-After": "1"})
-    if (refusal := st.refuse_for_lag("classify") or st.refuse_for_wait()) is not None:
-        return refusal
-    if not st.cls_admission.try_admit():      # before reading the body: a refusal must cost next to nothing
-        st.count("classify", 503)
-        wait = st.cls_admission.retry_after(st.cls_batcher.seconds_per_request())
-        return _error(503, f"overloaded: {st.cls_admission.max_in_system} requests are already in the system; "
-                           f"retry after {wait} s", {"Retry-After": str(wait)})
-    try:
-        x = parse_classify_request(read_json(await _body(request)), st.input_shape)
-    except RequestError as e:
-        st.cls_admission.release()
-        st.count("classify", e.status)
-        return _error(e.status, e.message)
-    t0 = time.perf_counter()
-    try:
-        probs = await st.cls_batcher.submit(x)
-    except QueueTimeout as e:   # admitted, but the queue moved too slowly: refuse now rather than answer late
-        st.count("classify", 503)
-        wait = st.cls_admission.retry_after(st.cls_batcher.seconds_per_request())
-        return _error(503, f"overloaded: {e}; retry after {wait} s", {"Retry-After": str(wait)})
-    finally:
-        st.cls_admission.release()
-    st.latency["classify"].add(time.perf_counter() - t0)
-    st.count("classify", 200)
-    return JSONResponse({"label": int(np.argmax(probs)), "probabilities": [float(p) for p in probs]})
-
-
-async def _generate(request):
-    from starlette.responses import JSONResponse, StreamingResponse
-
-    st: ServingState = request.app.state.serving
-    if st.gpt is None:
-        return _error(404, "this server has no language model; start it with one (create_app(gpt=...))")
-    if st.closing:
-        st.count("generate", 503)
-        return _error(503, "the server is shutting down; retry on another replica", {"Retry-After": "1"})
-    if (refusal := st.refuse_for_lag("generate")) is not None:
-        return refusal
-    if not st.gen_admission.try_admit():      # before reading the body: a refusal must cost next to nothing
-        st.count("generate", 503)
-        wait = st.gen_admission.retry_after(st.engine.seconds_per_request())
-        return _error(503, f"overloaded: {st.gen_admission.max_in_system} generations are already in the system; "
-                           f"retry after {wait} s", {"Retry-After": str(wait)})
-    try:
-        obj = read_json(await _body(request))
-        if isinstance(obj.get("prompt"), str):
-            if st.stoi is None:
-                raise RequestError(422, "this model has no vocabulary for text prompts: send token ids, "
-                                        '{"prompt": [3, 1, 4]}')
-            missing = sorted({c for c in obj["prompt"] if c not in st.stoi})
-            if missing:
-                raise RequestError(422, f"the prompt holds characters the model does not know: {missing[:10]}")
-            obj = dict(obj, prompt=[st.stoi[c] for c in obj["prompt"]])
-        req = parse_generate_request(obj, st.gpt.vocab_size, st.gpt.context_length, st.max_new_tokens_limit)
-    except RequestError as e:
-        st.gen_admission.release()
-        st.count("generate", e.status)
-        return _error(e.status, e.message)
-    kw = dict(temperature=req["temperature"], top_k=req["top_k"], seed=req["seed"])
-    text = (lambda ids: "".join(st.vocab[i] for i in ids)) if st.vocab is not None else (lambda ids: None)
-    t0 = time.perf_counter()
-    if req["stream"]:
-        async def events():
-            try:
-                async for token in st.engine.stream(req["prompt"], req["max_new_tokens"], **kw):
-                    st.tokens_generated += 1
-                    yield f"data: {json.dumps({'token': token, 'text': text([token])})}\n\n"
-                yield "data: [DONE]\n\n"
-                st.latency["generate"].add(time.perf_counter() - t0)
-            finally:
-                st.gen_admission.release()
-
-        st.count("generate", 200)
-        return StreamingResponse(events(), media_type="text/event-stream")
-    try:
-        tokens = await st.engine.generate(req["prompt"], req["max_new_tokens"], **kw)
-    finally:
-        st.gen_admission.release()
-    st.tokens_generated += len(tokens)
-    st.latency["generate"].add(time.perf_counter() - t0)
-    st.count("generate", 200)
-    return JSONResponse({"tokens": tokens, "text": text(tokens)})
-
-
-async def _health(request):
-    from starlette.responses import JSONResponse
-
-    st: ServingState = request.app.state.serving
-    models = [m for m, ok in (("classify", st.classifier is not None), ("generate", st.gpt is not None)) if ok]
-    info = {"status": "draining" if st.closing else "ok", "models": models}
-    if st.classifier is not None:
-        info["input_shape"] = list(st.input_shape)
-    if st.gpt is not None:
-        info.update(vocab_size=st.gpt.vocab_size, context_length=st.gpt.context_length)
-    return JSONResponse(info, status_code=503 if st.closing else 200)
-
-
-async def _metrics(request):
-    from starlette.responses import PlainTextResponse
-
-    return PlainTextResponse(request.app.state.serving.metrics_text(),
-                             media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-def create_app(classifier=None, input_shape=None, gpt=None, vocab=None, **options):
-    """The Starlette app of an inference server (given): `POST /v1/classify`, `POST /v1/generate`,
-    `GET /health`, `GET /metrics`. Options are `ServingState`'s keywords:
+# %% ../../modules/20_serving/20_serving.ipynb #create-app
+def create_app(classifier=None, input_shape=None, gpt=None, vocab=None, *, max_batch_size: int = 32,
+               max_wait: float = 0.005, max_queue: int = 64, max_queue_delay: float | None = None,
+               gen_max_batch_size: int = 8, gen_max_queue: int = 32, num_blocks: int | None = None,
+               block_size: int = 16, max_new_tokens_limit: int = 64, policy: str = "continuous",
+               prefix_cache: int = 32, max_loop_lag: float | None = None, loop_lag_interval: float = 0.005,
+               drain_timeout: float = 30.0, clock=time.perf_counter):
+    """The Starlette app of an inference server (given), built from your decisions and the mechanisms
+    of the package's other files: `POST /v1/classify`, `POST /v1/generate`, `GET /health`, `GET
+    /metrics`; `app.state.serving` is its `ServingState`.
 
     - classification: `max_batch_size` (32), `max_wait` (0.005 s), `max_queue` (64 admitted at
       most), `max_queue_delay` (None: a request that waited longer for its batch, or is predicted
       to, gets 503);
-    - generation: `gen_max_batch_size` (8 slots), `gen_max_queue` (32), `num_blocks` and
-      `block_size` (16) of the paged KV cache, `max_new_tokens_limit` (64), `policy`
-      ("continuous" or "static"), `prefix_cache` (32 prompts);
-    - both: `max_loop_lag` (None: refuse with 503 while the event loop runs later than this),
-      `drain_timeout` (30 s).
-
-    Its lifespan starts the batchers and, at shutdown, drains the requests in flight;
-    `app.state.serving` is the `ServingState`."""
-    from contextlib import asynccontextmanager
-
-    from starlette.applications import Starlette
-    from starlette.routing import Route
-
-    state = ServingState(classifier, input_shape, gpt, vocab, **options)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        # what is alive at startup (the models, the imports, the caller's data) leaves the garbage collector's
-        # generations: a full collection, which pauses every thread, no longer walks it (Instagram's gc.freeze)
-        gc.collect()
-        gc.freeze()
-        await state.start()
-        try:
-            yield
-        finally:
-            await state.stop()
-            gc.unfreeze()
-
-    app = Starlette(routes=[Route("/v1/classify", _classify, methods=["POST"]),
-                            Route("/v1/generate", _generate, methods=["POST"]),
-                            Route("/health", _health), Route("/metrics", _metrics)],
-                    lifespan=lifespan)
-    app.state.serving = state
-    app.add_middleware(_MeterMiddleware, meter=state.meter)
-    return app
-
-# %% ../../modules/20_serving/20_serving.ipynb #background
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
-
-
-class BackgroundServer:
-    """Run an app under uvicorn on 127.0.0.1 in a background thread (given), for notebooks and tests:
-
-        with BackgroundServer(app) as server:      # port 0: the system picks a free port
-            httpx.get(server.url + "/health")
-
-    Leaving the block asks uvicorn to exit: it stops accepting connections, lets the requests in
-    flight finish (the app's lifespan drains them too), and the thread ends."""
-
-    def __init__(self, app, port: int = 0, host: str = "127.0.0.1", startup_timeout: float = 30.0,
-                 shutdown_timeout: float = 30.0):
-        import uvicorn
-
-        if host not in LOCAL_HOSTS:
-            raise ValueError(f"BackgroundServer: host {host!r} is not local; this course serves on 127.0.0.1 only")
-        self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                     timeout_graceful_shutdown=shutdown_timeout)
-        self.server = uvicorn.Server(self.config)
-        self.startup_timeout, self.shutdown_timeout = startup_timeout, shutdown_timeout
-        self.thread = threading.Thread(target=self.server.run, name="tinytorch-uvicorn", daemon=True)
-        self.url = None
-
-    def start(self) -> "BackgroundServer":
-        self.thread.start()
-        deadline = time.perf_counter() + self.startup_timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.perf_counter() > deadline:
-                self.stop()
-                raise RuntimeError(f"BackgroundServer: uvicorn did not start within {self.startup_timeout} s")
-            time.sleep(0.01)
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        if self.thread.is_alive():
-            self.thread.join(self.shutdown_timeout + 5)
-        if self.thread.is_alive():
-            raise RuntimeError("BackgroundServer: uvicorn did not stop in time")
-
-    def __enter__(self) -> "BackgroundServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-# %% ../../modules/20_serving/20_serving.ipynb #servable
-def mlp_classifier(sizes, rng=None):
-    "`Linear, ReLU, ..., Linear` over the layer widths `sizes` (given): the digits MLP of the 1986 milestone."
-    from tinytorch.core.activations import ReLU
-    from tinytorch.core.layers import Linear, Sequential
-
-    rng = as_generator(rng)
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(Linear(int(a), int(b), rng=rng))
-        if i < len(sizes) - 2:
-            layers.append(ReLU())
-    return Sequential(*layers)
-
-
-SERVABLE_LAYERS = {"Linear": "tinytorch.core.layers", "Dropout": "tinytorch.core.layers",
-                   "ReLU": "tinytorch.core.activations", "Sigmoid": "tinytorch.core.activations",
-                   "Tanh": "tinytorch.core.activations", "GELU": "tinytorch.core.activations",
-                   "Conv2d": "tinytorch.core.spatial", "BatchNorm2d": "tinytorch.core.spatial",
-                   "MaxPool2d": "tinytorch.core.spatial", "Flatten": "tinytorch.core.spatial"}
-
-
-def sequential_from_spec(layers):
-    """`Sequential` of the layers `[[class name, [args], {kwargs}], ...]` (given): the architecture of a
-    servable classifier that is not a plain MLP (the 1998 milestone's CNN). Only the layer classes of
-    `SERVABLE_LAYERS` are built, so a checkpoint never names arbitrary code to run."""
-    from importlib import import_module
-
-    from tinytorch.core.layers import Sequential
-
-    built = []
-    for name, args, kwargs in layers:
-        if name not in SERVABLE_LAYERS:
-            raise ValueError(f"sequential_from_spec: layer {name!r} is not servable; known: {sorted(SERVABLE_LAYERS)}")
-        built.append(getattr(import_module(SERVABLE_LAYERS[name]), name)(*args, **kwargs))
-    return Sequential(*built)
-
-
-def save_servable(path, model, **info):
-    """Save a model a server can start from (given): module 08's checkpoint with the architecture in
-    its `extra`. A GPT records its sizes (and `vocab`, a list of characters, if given); an MLP needs
-    `sizes=[64, 128, 10]` and `input_shape=(64,)`; any other classifier `layers=[[name, args, kwargs],
-    ...]` (see `sequential_from_spec`) and `input_shape`."""
-    from tinytorch.core.training import save_checkpoint
-    from tinytorch.models.gpt import GPT
-
-    if isinstance(model, GPT):
-        attn = model.blocks[0].attn
-        arch = {"kind": "gpt", "vocab_size": model.vocab_size, "context_length": model.context_length,
-                "embed_dim": attn.num_heads * attn.head_dim, "num_heads": attn.num_heads,
-                "num_layers": len(model.blocks), "vocab": list(info.get("vocab") or [])}
-    elif "layers" in info and "input_shape" in info:
-        arch = {"kind": "sequential", "layers": [[n, list(a), dict(k)] for n, a, k in info["layers"]],
-                "input_shape": [int(d) for d in info["input_shape"]]}
-    else:
-        if "sizes" not in info or "input_shape" not in info:
-            raise ValueError("save_servable: a classifier needs input_shape=(...) and sizes=[in, hidden..., classes] "
-                             "(an MLP) or layers=[[name, args, kwargs], ...]")
-        arch = {"kind": "mlp", "sizes": [int(s) for s in info["sizes"]],
-                "input_shape": [int(d) for d in info["input_shape"]]}
-    return save_checkpoint(path, model, None, 0, serving=arch)
-
-
-def load_servable(path) -> tuple:
-    "`(model, arch)` from a `save_servable` checkpoint, in eval mode; CheckpointError names what is wrong."
-    from tinytorch.core.training import CheckpointError, load_checkpoint, read_checkpoint
-    from tinytorch.core.training import decode_state
-    from tinytorch.models.gpt import GPT
-
-    meta, arrays = read_checkpoint(path)
-    arch = decode_state(meta["extra"], arrays).get("serving")
-    if not isinstance(arch, dict) or arch.get("kind") not in ("gpt", "mlp", "sequential"):
-        raise CheckpointError(f"{path} is a checkpoint but not a servable one (no 'serving' architecture in its "
-                              "extra); save it with tinytorch.serving.server.save_servable")
-    if arch["kind"] == "gpt":
-        model = GPT(arch["vocab_size"], arch["context_length"], arch["embed_dim"], arch["num_heads"], arch["num_layers"])
-    elif arch["kind"] == "sequential":
-        model = sequential_from_spec(arch["layers"])
-    else:
-        model = mlp_classifier(arch["sizes"])
-    load_checkpoint(path, model)
-    return model.eval(), arch
+    - generation: `gen_max_batch_size` (8 slots), `gen_max_queue` (32), `num_blocks` (default:
+      every slot at the full context) and `block_size` (16) of the paged KV cache,
+      `max_new_tokens_limit` (64), `policy` ("continuous" or "static"), `prefix_cache` (32 prompts);
+    - both: `max_loop_lag` (None: refuse with 503 while the event loop runs later than this; its
+      lag is sampled every `loop_lag_interval`), `drain_timeout` (30 s), `clock` (the seconds every
+      queue delay, service time, latency and the meter read: `time.perf_counter`; a test passes a
+      clock it moves itself)."""
+    if classifier is None and gpt is None:
+        raise ValueError("create_app: give a classifier (with input_shape), a gpt, or both")
+    parts: dict = {}
+    if classifier is not None:
+        if input_shape is None:
+            raise ValueError("create_app: a classifier needs input_shape, the shape of one input, e.g. (64,)")
+        classifier.eval()
+        parts.update(classifier=classifier, input_shape=input_shape,
+                     cls_admission=AdmissionController(max_queue, max_wait=max_queue_delay))
+    if gpt is not None:
+        blocks = num_blocks or gen_max_batch_size * -(-gpt.context_length // block_size)
+        batcher = ContinuousBatcher(gpt, blocks, block_size, gen_max_batch_size, policy, prefix_cache=prefix_cache)
+        parts.update(gpt=gpt, vocab=vocab, engine=GenerationEngine(batcher, clock=clock),
+                     gen_admission=AdmissionController(gen_max_queue))
+    state = ServingState(**parts, max_new_tokens_limit=max_new_tokens_limit, drain_timeout=drain_timeout,
+                         max_loop_lag=max_loop_lag, loop_lag_interval=loop_lag_interval, clock=clock)
+    if classifier is not None:
+        state.cls_batcher = DynamicBatcher(state._run_classifier, max_batch_size, max_wait, clock=clock,
+                                           max_queue_delay=max_queue_delay)
+    return make_app(state)
 
 
 def app_from_checkpoints(paths, **options):
-    "A server for the models in the given servable checkpoints (at most one of each kind) (given)."
+    "A server for the models in the given servable checkpoints (`save_servable`; at most one of each kind) (given)."
     kw = {}
     for path in paths:
         model, arch = load_servable(path)
@@ -1414,7 +460,7 @@ def app_from_checkpoints(paths, **options):
 def time_average_in_system(arrivals, departures, start: float, end: float) -> float:
     """The mean number of requests in the system over the window `[start, end]`, from their times.
 
-    TODO (Exercise 20.5): the area under N(t) divided by the window's length.
+    TODO (Exercise 20.6): the area under N(t) divided by the window's length.
 
     CONTRACT:
     - `arrivals`, `departures`: 1-D arrays of equal length, request `i` being in the system from

@@ -4,9 +4,9 @@
     tito serve bench [--url http://127.0.0.1:8000] [--endpoint classify|generate] [--rate 50 --rate 100 ...]
                      [--concurrency N] [--requests 200] [--duration 5] [--tokens 16] [--seed 0]
 
-MODEL is a checkpoint written by `tinytorch.serving.server.save_servable` (the serving milestone saves
+MODEL is a checkpoint written by `tinytorch.serving.models.save_servable` (the serving milestone saves
 `milestones/outputs/serving_digits.npz` and `serving_gpt.npz`); one classifier and one GPT can be served together.
-The server is module 20's (`tinytorch.serving.server`) from this edition; Ctrl-C stops it after draining the
+The server is module 20's (`tinytorch.serving.server.app_from_checkpoints`) from this edition; Ctrl-C stops it after draining the
 requests in flight.
 """
 from __future__ import annotations
@@ -141,6 +141,14 @@ def bench(url: str = typer.Option("http://127.0.0.1:8000", help="the server (127
         res = loadgen.load_test(url.rstrip("/"), f"/v1/{endpoint}", body, n_requests=requests, duration=duration,
                                 seed=seed, **kw)
         typer.echo(res.report())
+        little = res.littles_law()
+        if little and little["lambda"] > 0:
+            inside = little["L"] / little["lambda"]   # the server's own W: its meter's L over the arrival rate
+            typer.echo(f"  note: the client's W ({little['W'] * 1e3:.1f} ms) includes the HTTP hop (the connection, "
+                       f"uvicorn's parsing, the client's own work), which the server's meter at the app's boundary "
+                       f"does not see: the server's W = L / lambda = {inside * 1e3:.1f} ms, so about "
+                       f"{(little['W'] - inside) * 1e3:.1f} ms per request is HTTP overhead, and a ratio below 1 "
+                       f"says that much, not that the server lost requests")
 
 
 def _local(url: str) -> bool:
