@@ -733,11 +733,11 @@ def bootstrap_interval(path: Path):
 
 @diagram("serving")
 def dynamic_batching(path: Path):
-    """Requests arriving at random, grouped into batches by the dynamic batcher's take_batch."""
+    """Requests arriving at random, grouped into batches by the dynamic batcher's window (batch_window)."""
     from collections import deque
 
     from tinytorch.serving.loadgen import poisson_arrivals
-    from tinytorch.serving.server import take_batch
+    from tinytorch.serving.server import batch_window
 
     arrivals = poisson_arrivals(rate=400.0, n=40, duration=0.1, seed=0)
     max_batch, max_wait, service = 8, 0.01, 0.004
@@ -747,13 +747,13 @@ def dynamic_batching(path: Path):
             pending.append((float(arrivals[i]), i))
             i += 1
         if t >= busy_until:
-            batch = take_batch(pending, max_batch, max_wait, t)
+            batch, _, _ = batch_window(pending, t, max_batch, max_wait)
             if batch:
                 batches.append((t, [r for _, r in batch]))
                 busy_until = t + service
         t += 0.0005
         if t > 1.0:
-            raise DiagramError("take_batch never emptied the queue")
+            raise DiagramError("batch_window never emptied the queue")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.2, 3.2))
     palette = ("#1f4e8c", "#e8590c")
@@ -772,7 +772,7 @@ def dynamic_batching(path: Path):
             f"by the batch that serves them, and boxes for the {len(batches)} batches the dynamic "
             f"batcher formed (at most 8 requests, waiting at most 10 ms), labelled with their sizes, "
             f"{min(sizes)} to {max(sizes)}."), \
-        "Dynamic batching: take_batch groups randomly arriving requests, trading a few milliseconds of waiting for fewer, larger batches."
+        "Dynamic batching: batch_window groups randomly arriving requests, trading a few milliseconds of waiting for fewer, larger batches."
 
 
 def prerequisite_graph(root: Path, module, modules, path: Path):
