@@ -117,6 +117,32 @@ def test_release_stubs_compile_and_raise_not_implemented(course, number):
         [(c.label, c.status, c.evalue) for c in report.tests]
 
 
+@pytest.mark.parametrize("number", ["01", "13", "20"])
+def test_the_grading_package_copy_imports_whole(tmp_path, number):
+    """A kernel grading module NN gets the package without NN and later modules; given code (modules/common, e.g.
+    the serving engine, which needs module 13's GPT) goes with it only when everything it imports does: every
+    file of the copy imports in a fresh interpreter that sees nothing else (module 01's preflight failed on
+    `tinytorch.serving.app` needing module 02's activations)."""
+    import base64
+
+    from tito.grading import package_files, prerequisite_imports
+
+    root = Path(__file__).resolve().parents[1]
+    files = package_files(root, MODULES[number])
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(base64.b64decode(data))
+    names = prerequisite_imports(files)
+    if number == "01":
+        assert "tinytorch.core.tensor" not in names and "tinytorch.serving.engine" not in names, names
+    if number == "20":
+        assert "tinytorch.serving.engine" in names and "tinytorch.serving.server" not in names, names
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
+    proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); " + code,
+                           *names], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
 # ------------------------------------------------------------------ a simulated class
 
 # Every kind of submission, on a module with a prerequisite (01's solution in the grading package). Module 01

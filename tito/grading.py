@@ -917,12 +917,51 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
     for m in load_modules(root):
         if m.number >= module.number:
             excluded.update(f.resolve() for f in m.package_files(root))
-    out = {}
-    for p in sorted(pkg.rglob("*")):
-        if not p.is_file() or "__pycache__" in p.parts or p.suffix in (".pyc",) or p.resolve() in excluded:
-            continue
-        out[str(p.relative_to(root))] = base64.b64encode(p.read_bytes()).decode()
-    return out
+    kept = [p for p in sorted(pkg.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+            and p.suffix != ".pyc" and p.resolve() not in excluded]
+    # given code (modules/common notebooks) belongs to no module: it goes with the submission only when every
+    # package file it imports goes too (the serving engine needs module 13's GPT, so module 01's kernel lacks it)
+    changed = True
+    while changed:
+        present = {p.resolve() for p in kept}
+        changed = False
+        for p in list(kept):
+            if p.suffix == ".py" and any(dep not in present for dep in package_imports(p, root)):
+                kept.remove(p)
+                changed = True
+    return {str(p.relative_to(root)): base64.b64encode(p.read_bytes()).decode() for p in kept}
+
+
+def package_imports(path: Path, root: Path) -> set[Path]:
+    """The `tinytorch` files a package file imports (absolute or relative, anywhere in it), as resolved paths."""
+    import ast
+
+    rel = path.resolve().relative_to(root.resolve())
+    here = list(rel.parent.parts)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return set()
+    found = set()
+
+    def add(parts: list[str]) -> None:
+        if not parts or parts[0] != "tinytorch":
+            return
+        base = root.resolve().joinpath(*parts)
+        if base.with_suffix(".py").is_file() or not base.is_dir():
+            found.add(base.with_suffix(".py"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                add(a.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            parts = (here[:len(here) - node.level + 1] if node.level else []) + (node.module.split(".") if node.module else [])
+            add(parts)
+            for a in node.names:  # `from tinytorch.core import tensor` names a submodule
+                if root.resolve().joinpath(*parts, a.name).with_suffix(".py").is_file():
+                    add(parts + [a.name])
+    return {f for f in found if f.name != "__init__.py"}
 
 
 def descendants(pid: int) -> list[int]:

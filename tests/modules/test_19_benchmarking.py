@@ -408,7 +408,7 @@ def test_verdict_words_each_case(ratio, low, high, confidence, notes, says):
 @given(a=st.floats(0.01, 10), b=st.floats(0.01, 10), target=st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]),
        at_least=st.booleans())
 def test_speed_verdict_equals_the_three_outcome_definition_and_the_milestone_judge(a, b, target, at_least):
-    from tito import harness
+    import _harness as harness
     low, high = min(a, b), max(a, b)
     got, want = speed_verdict(low, high, target, at_least), refs.three_outcomes(low, high, target, at_least)
     assert got == want, (f"speed_verdict({low!r}, {high!r}, target={target}, at_least={at_least}) returned {got!r}; "
