@@ -389,6 +389,7 @@ ISSUE_14 = [  # the bugs issue 14 found scoring full marks in the graded cells (
     Mutation("13", GPT, "sample_next", "np.where(logits < kth,", "np.where(logits <= kth,", "top-k keeps k-1", "13.4"),
     Mutation("13", GPT, "GPT.generate", "sample_next(logits, temperature, top_k, rng)",
              "sample_next(logits, temperature, top_k, seed)", "a fresh generator from the seed at every step", "13.6"),
+    Mutation("13", GPT, "GPT.generate", "self.eval()", "pass", "dropout left on while generate samples", "13.6"),
     Mutation("13", GPT, "LayerNormFunction.forward", "np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)",
              "(np.sqrt((centred * centred).mean(axis=-1, keepdims=True)) + eps)", "eps outside the square root",
              "13.1"),
@@ -784,6 +785,8 @@ LATER += [  # modules 17, 18 and 20
              "the mean stay overlap per request instead of per unit time", "20.6"),
     Mutation("20", SRV, "time_average_in_system", "(d < a).any()", "(d <= a).any()",
              "a zero-length stay refused as a departure before its arrival", "20.6"),
+    Mutation("20", SRV, "time_average_in_system", "(d < a).any()", "(d < a).all()",
+             "the input check with any and all swapped (one departure before its arrival passes)", "20.6"),
 ]
 CATALOGUE = MUTATIONS + ISSUE_14 + LATER
 

@@ -522,6 +522,22 @@ def test_generate_uses_one_generator_for_the_whole_loop():
 
 
 @pytest.mark.exercise("13.6", "GPT.generate")
+def test_generate_samples_from_the_eval_mode_model_even_with_dropout():
+    model = GPT(12, 6, 16, 2, 2, dropout=0.5, rng=4)
+    prompt = np.array([[3, 1, 4], [2, 2, 7]])
+    got = model.generate(prompt, 8, temperature=0)
+    seq = prompt
+    model.eval()
+    with no_grad():
+        for _ in range(8):
+            seq = np.concatenate([seq, model(seq[:, -6:]).data[:, -1].argmax(-1)[:, None]], axis=1)
+    model.train()
+    assert np.array_equal(got, seq), (f"greedy tokens of a model with dropout 0.5: got {got[:, 3:].tolist()}, the "
+                                      f"eval-mode model gives {seq[:, 3:].tolist()}: is dropout on while generate samples?")
+    assert model.training, "generate must give the model back in training mode when it was training"
+
+
+@pytest.mark.exercise("13.6", "GPT.generate")
 def test_generate_passes_temperature_and_top_k_on():
     model = GPT(12, 6, 16, 2, 1, rng=3)
     prompt = np.array([[3, 1, 4]])

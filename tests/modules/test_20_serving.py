@@ -507,6 +507,7 @@ def test_time_average_equals_integrating_n_of_t(stays, start, length):
     (([0.0, 1.0], [1.0], 0, 1), "must be 1-D arrays of the same length"),
     ((np.zeros((2, 2)), np.zeros((2, 2)), 0, 1), "must be 1-D arrays of the same length"),
     (([2.0], [1.0], 0, 3), "a departure precedes its arrival"),
+    (([0.0, 2.0, 1.0], [1.0, 1.5, 3.0], 0, 3), "a departure precedes its arrival"),  # one bad pair among good ones
     (([0.0], [1.0], 2.0, 2.0), "is empty; end must be after start"),
 ])
 def test_time_average_refuses_bad_input(args, words):

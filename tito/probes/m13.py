@@ -215,3 +215,9 @@ def generate(rng, rec):
     rec.call("bad_temp", g.generate, idx, 2, temperature=-1.0)
     rec.call("bad_k", g.generate, idx, 2, top_k=0)
     rec["mode_after_error"] = bool(g.training)
+    # with dropout in the model, a loop left in training mode samples from a different, random model: greedy
+    # tokens differ from the eval-mode model's
+    from tinytorch.models.gpt import GPT
+
+    d = GPT(7, 4, 16, 2, 2, dropout=0.5, rng=int(rng.integers(0, 2 ** 30)))
+    rec.call("dropout_model_greedy", d.generate, idx, 8, temperature=0)

@@ -204,6 +204,7 @@ def time_average(rng, rec):
     rec.call("type", lambda: type(f([0.0], [1.0], 0.0, 2.0)).__name__)
     rec.call("lengths", f, [0.0, 1.0], [1.0], 0, 1)
     rec.call("precedes", f, [2.0], [1.0], 0, 3)
+    rec.call("one_precedes", f, [0.0, 2.0, 1.0], [1.0, 1.5, 3.0], 0, 3)  # one bad pair among good ones
     rec.call("empty_window", f, [0.0], [1.0], 2.0, 2.0)
     rec.call("two_d", f, np.zeros((2, 2)), np.zeros((2, 2)), 0, 1)
     rec.call("zero_stay", f, [1.0, 0.5], [1.0, 3.0], 0.0, 2.0)  # a request that leaves as it arrives
