@@ -324,9 +324,13 @@ lines += [f"    out[i] = {steps[-1][0]};", "  }", "}"]
      "if not speedup > 0:\n    raise ValueError(f\"amdahl: speedup must be > 0; got {speedup}\")\n"
      "with np.errstate(divide='ignore'):\n    return np.float64(1.0) / (np.float64(1.0) - fraction + np.float64(fraction) / speedup)",
      ["14.9"]),
+    ("14", "class FlopCounter:", "shapes = [None if s is None else list(s) for s in input_shapes(node)]\n"
+     "counts = op_flops(node.op, shapes, list(node.shape))\nold = self.by_op.get(node.op, [0, 0])\n"
+     "self.by_op[node.op] = [old[0] + int(counts[0]), old[1] + int(counts[1])]", ["14.3"]),
 ], ids=["06-kahn-traversal", "12-attention-other-masking-and-softmax", "02-sigmoid-where", "09-loop-via-im2col",
         "13-sampling-with-choice", "16-svd-other-signs", "17-c-spaced-and-parenthesised", "17-one-flat-loop",
-        "14-roofline-python-floats", "14-amdahl-numpy-scalars"])
+        "14-roofline-python-floats", "14-amdahl-numpy-scalars",
+        "14-counter-shapes-as-lists"])
 def test_differently_written_solutions_keep_full_marks(number, marker, code, exercises):
     got = verdicts(number, with_solution(number, marker, code), exercises)
     assert all(not w for w in got.values()), got

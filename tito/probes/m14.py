@@ -1,14 +1,13 @@
 """Probes of module 14 (profiling): see tito/probes/__init__.py.
 
-No substitutes: an exercise that builds on an earlier one is checked on its own inputs. 14.3 and 14.5 run with
-`op_flops` (and 14.5 with `op_bytes`) replaced, for the length of the probe, by stand-ins that return numbers
-drawn from the record's own fields (data, not FLOPs: no formula of 14.1 or 14.2 is in them), and 14.5 pushes
-module paths by hand instead of calling 14.4's hooks; so a wrong 14.1, 14.2 or 14.4 is charged to itself only.
+No substitutes: an exercise that builds on an earlier one is checked on its own inputs. In 14.3 and 14.5 the
+calls of `op_flops` (and in 14.5 of `op_bytes`) are answered with the reference's recorded answers for the same
+arguments (replay), so a wrong 14.1 or 14.2 is charged to itself only, and a counter that computes its numbers
+some other way is judged by the numbers alone; 14.5 pushes module paths by hand instead of calling 14.4's hooks.
 14.5's timings are checked here, in the trusted process, for their structure (positive, in order, not
 overlapping), never for their values. 14.8 and 14.9 compare numbers as numbers: a Python float where the
 reference returned a NumPy scalar is the same answer.
 """
-import contextlib
 import math
 
 import numpy as np
@@ -38,31 +37,6 @@ def _numbers(exercise: str, messages: bool = True):
                 return why
         return ""
     return check
-
-
-def _stand_in_flops(op, shapes, out):
-    "Numbers read off a record (op name, operand count, result size): a stand-in for op_flops, not a FLOP count."
-    return 1000 * len(op) + 10 * len(shapes) + int(np.prod(out, dtype=np.int64)), 7 * len(op) + sum(s is None for s in shapes)
-
-
-def _stand_in_bytes(op, inputs, out):
-    "Numbers read off a record: a stand-in for op_bytes, not a byte count."
-    return 100 * len(op) + len(inputs), 3 * int(np.asarray(out).size)
-
-
-@contextlib.contextmanager
-def _replaced(**stand_ins):
-    "Replace module-level functions of the profiler module while the probe runs (data in place of earlier exercises)."
-    from tinytorch.perf import profiler
-
-    saved = {name: getattr(profiler, name) for name in stand_ins}
-    for name, fn in stand_ins.items():
-        setattr(profiler, name, fn)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(profiler, name, fn)
 
 
 @probe("14.1")
@@ -148,7 +122,7 @@ def _gpt(rng, *args):
     return GPT(*args, rng=int(rng.integers(0, 2 ** 30)))
 
 
-@probe("14.3")
+@probe("14.3", replay=("op_flops",))
 def count(rng, rec):
     from tinytorch.core.autograd import no_grad
     from tinytorch.core.layers import Linear
@@ -164,28 +138,28 @@ def count(rng, rec):
     gpt = _gpt(rng, 37, 8, 16, 4, 2)
     ids = rng.integers(0, 37, size=(2, 8))
     conv = Conv2d(3, 4, 3, padding=1, rng=0)
-    with _replaced(op_flops=_stand_in_flops):
-        rec.call("linear", lambda: as_data(count_flops(layer, x)))
-        rec.call("gpt", lambda: as_data(count_flops(gpt, ids)))
-        rec["no_grads"] = [p.grad is None for p in gpt.parameters()]
-        rec.call("lambda", lambda: as_data(count_flops(lambda t: t @ t.T, x)))
-        rec.call("conv", lambda: as_data(count_flops(conv, Tensor(np.ones((2, 3, 5, 5), np.float32)))))
-        n_before = len(active_op_observers())
+    # op_flops's calls are answered with the reference's (replay): a wrong 14.1 is not charged here
+    rec.call("linear", lambda: as_data(count_flops(layer, x)))
+    rec.call("gpt", lambda: as_data(count_flops(gpt, ids)))
+    rec["no_grads"] = [p.grad is None for p in gpt.parameters()]
+    rec.call("lambda", lambda: as_data(count_flops(lambda t: t @ t.T, x)))
+    rec.call("conv", lambda: as_data(count_flops(conv, Tensor(np.ones((2, 3, 5, 5), np.float32)))))
+    n_before = len(active_op_observers())
 
-        def broken(_):
-            raise RuntimeError("boom")
-        rec.call("broken", count_flops, broken, x)
-        rec["observers_left"] = len(active_op_observers()) - n_before
-        counter = FlopCounter()
+    def broken(_):
+        raise RuntimeError("boom")
+    rec.call("broken", count_flops, broken, x)
+    rec["observers_left"] = len(active_op_observers()) - n_before
+    counter = FlopCounter()
 
-        def observed():
-            with no_grad(), observe_ops(counter):
-                out = layer(x) * 2.0
-                out.sum()
-                layer(x)
-            return [out, {k: list(v) for k, v in counter.by_op.items()},
-                    [type(v).__name__ for entry in counter.by_op.values() for v in entry]]
-        rec.call("counter", observed)
+    def observed():
+        with no_grad(), observe_ops(counter):
+            out = layer(x) * 2.0
+            out.sum()
+            layer(x)
+        return [out, {k: list(v) for k, v in counter.by_op.items()},
+                [type(v).__name__ for entry in counter.by_op.values() for v in entry]]
+    rec.call("counter", observed)
 
 
 @probe("14.4")
@@ -285,7 +259,7 @@ def _profiler_check(got, want):
     return ""
 
 
-@probe("14.5", check=_profiler_check)
+@probe("14.5", check=_profiler_check, replay=("op_flops", "op_bytes"))
 def profiler(rng, rec):
     from tinytorch.core.tensor import Tensor
     from tinytorch.perf.profiler import Profiler, record_function
@@ -309,13 +283,13 @@ def profiler(rng, rec):
                 c.exp()
         a @ b  # after the block: nothing recorded
         return prof
-    with _replaced(op_flops=_stand_in_flops, op_bytes=_stand_in_bytes):
-        prof = rec.call("ops", ops)
-        if prof is not None:
-            rec["ops"] = _events(prof)
-            rec["times_ops"] = _times(prof)
-            rec.call("total_flops", prof.total_flops)
-            rec.call("total_all", prof.total_flops, include_other=True)
+    # op_flops's and op_bytes's calls are answered with the reference's (replay)
+    prof = rec.call("ops", ops)
+    if prof is not None:
+        rec["ops"] = _events(prof)
+        rec["times_ops"] = _times(prof)
+        rec.call("total_flops", prof.total_flops)
+        rec.call("total_all", prof.total_flops, include_other=True)
 
 
 @probe("14.6", messages=True)

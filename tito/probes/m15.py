@@ -1,7 +1,8 @@
 """Probes of module 15 (quantization): see tito/probes/__init__.py.
 
-No substitutes: each exercise is checked on its own inputs. 15.3 runs with `round_to` replaced by a stand-in
-grid (1/8 or 1/64: data, not BF16 or FP16), so a wrong 15.1 or 15.2 is not charged to it; 15.8 runs its layers on
+No substitutes: each exercise is checked on its own inputs. In 15.3 the calls of `to_bfloat16` and `to_float16`
+are answered with the reference's recorded results for the same arguments (replay), so a wrong 15.1 or 15.2 is not
+charged to it, whichever way the student's autocast reaches them; 15.8 runs its layers on
 power-of-two scales and inputs on the quantization grid, where every rounding is exact, so any quantize that
 rounds correctly elsewhere gives the same integers; 15.9 runs with the Observer and `QuantizedLinear.from_float`
 replaced by stand-ins that count what they are given (data, not a calibration). 15.4 draws infs in any of
@@ -26,12 +27,6 @@ def _replaced(obj, **stand_ins):
     finally:
         for name, value in saved.items():
             setattr(obj, name, value)
-
-
-def _grid(x, dtype):
-    "A stand-in for round_to: a grid of 1/8 ('bfloat16') or 1/64 ('float16'), data for 15.3 (not the formats)."
-    step = {"bfloat16": 8.0, "float16": 64.0}.get(dtype, 1.0)
-    return (np.rint(np.asarray(x, np.float32) * step) / step).astype(np.float32)
 
 
 @probe("15.1", rtol=0, atol=0)
@@ -78,30 +73,29 @@ def float16(rng, rec):
     rec.call("tensor", to_float16, Tensor([3.0, 0.1]))
 
 
-@probe("15.3", rtol=0, atol=0)
+@probe("15.3", rtol=0, atol=0, replay=("to_bfloat16", "to_float16"))
 def observer(rng, rec):
     from tinytorch.core.tensor import Tensor
-    from tinytorch.perf import quantization
     from tinytorch.perf.quantization import autocast
 
     a = Tensor(rng.standard_normal((3, 5)).astype(np.float32), requires_grad=True)
     b = Tensor(rng.standard_normal((5, 4)).astype(np.float32), requires_grad=True)
     g = rng.standard_normal((3, 4)).astype(np.float32)
-    with _replaced(quantization, round_to=_grid):
-        for dtype in ("bfloat16", "float16", np.float16):
-            batched = Tensor(rng.standard_normal((2, 3, 5)).astype(np.float32))
+    # the roundings of 15.1 and 15.2 are answered with the reference's (replay): a wrong one is not charged here
+    for dtype in ("bfloat16", "float16", np.float16):
+        batched = Tensor(rng.standard_normal((2, 3, 5)).astype(np.float32))
 
-            def run():
-                a.grad = b.grad = None
-                with autocast(dtype):
-                    c = a @ b
-                    d = a * 2.0 + 1.0
-                    e = batched @ b
-                c.backward(g)
-                return [c, d, e, a.grad, b.grad, str(c.dtype)]
-            rec.call(f"run_{np.dtype(dtype).name if not isinstance(dtype, str) else dtype}_{type(dtype).__name__}", run)
-        plain = rec.call("after", lambda: (a @ b).data)
-        del plain
+        def run():
+            a.grad = b.grad = None
+            with autocast(dtype):
+                c = a @ b
+                d = a * 2.0 + 1.0
+                e = batched @ b
+            c.backward(g)
+            return [c, d, e, a.grad, b.grad, str(c.dtype)]
+        rec.call(f"run_{np.dtype(dtype).name if not isinstance(dtype, str) else dtype}_{type(dtype).__name__}", run)
+    plain = rec.call("after", lambda: (a @ b).data)
+    del plain
 
 
 @probe("15.4", messages=False)
