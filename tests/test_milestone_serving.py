@@ -1,7 +1,7 @@
 """The serving milestone (needs 01-20) run end to end with `--quick`: it trains the digits CNN and a GPT for a few
 steps, serves the classifier on 127.0.0.1 and drives it with the load generator in a child process, and prints every
 measurement the target names, a report line per condition and the plot; it must finish well within its 5 minutes.
-(Whether the goals are met depends on the machine: the full run is what the README's milestone table reports.)
+(Whether the goals are met depends on the machine: the full run is what the lab guide's measured page reports, `tito guide measure milestone`.)
 Both ways of running a load (`served(app, "process")` and `"in-process"`) are checked on a small model in seconds."""
 from __future__ import annotations
 
