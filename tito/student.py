@@ -235,4 +235,10 @@ tito doctor
 
 A cell that runs longer than `student_cell_timeout` seconds (in `settings.ini`) stops the check;
 Ctrl-C stops it at once. Your progress is in `.tito/progress.json`.
+
+## The lab guide
+
+`quarto/` holds the lab guide: every module's narrative, the glossary and the measured results.
+`tito guide build` builds it as HTML, offline (it needs Quarto, or `pip install "jupyter-book<2"`);
+`tito guide pdf` prints it to one PDF.
 """
