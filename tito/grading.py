@@ -58,6 +58,7 @@ from nbgrader.preprocessors import ClearHiddenTests, SaveAutoGrades
 from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
 from .integrity import restore_graded_cells
 from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
+from .proc import kill_tree  # noqa: F401  (the one process-tree killer; tests import it from here)
 from .progress import atomic_write_text
 
 STUDENT_ID_RE = re.compile(r"^[^\W][\w.\-]*$")  # letters of any script, digits, '.', '_', '-'; see safe_student_id
@@ -972,27 +973,6 @@ def descendants(pid: int) -> list[int]:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a worker, everything it started (the kernel included) and its process group."""
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.Error:
-        tree = []
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    psutil.wait_procs(tree[1:], timeout=5)
 
 
 @dataclass
