@@ -697,3 +697,13 @@ def test_collect_keeps_lms_numbers_scripts_and_refuses_unsafe_ids(course, tmp_pa
     assert sorted(p.name for p in submitted.iterdir()) == sorted(
         ["John_Smith_1001", "John_Smith_1009", "José_Núñez", "Jane_Roe"])
     assert not (course / "nbgrader" / "eve").exists() and not (course / "eve").exists()
+
+
+def test_a_lazy_import_inside_a_function_does_not_drop_a_file_from_the_kernels_package():
+    """tensor.py imports autograd inside `backward` only: module 02's kernel still gets the tensor (module 06's
+    autograd is not there, and need not be), while given code that imports a later module at import time goes."""
+    from tito.grading import package_files
+
+    files = package_files(ROOT, MODULES["02"])
+    assert "tinytorch/core/tensor.py" in files and "tinytorch/core/autograd.py" not in files
+    assert "tinytorch/core/activations.py" not in files
