@@ -193,7 +193,7 @@ def grade_on_node(task: dict, spec: NodeSpec) -> dict:
     with node.lock:
         slot = node.slots.pop(0)
     job = Job(task["student"], task["fingerprint"], notebook=nbformat.reads(task["notebook"], as_version=4),
-              probe=task.get("probe"))
+              probe=task.get("probe"), skip=task.get("skip") or {})
     pool = WorkerPool(node.box, 1, spec.files, spec.g, spec.plan, first_slot=slot)
     out: dict = {}
     try:
@@ -274,7 +274,7 @@ class DaskExecutor:
         import nbformat
 
         task = {"student": job.student, "fingerprint": job.fingerprint, "notebook": nbformat.writes(job.notebook),
-                "probe": job.probe}
+                "probe": job.probe, "skip": job.skip}
         fut = self.client.submit(grade_on_node, task, self.shared, key=f"tito-grade-{self.spec.run}-{job.student}",
                                  retries=2, pure=False)
         self.futures[fut] = job

@@ -603,6 +603,7 @@ class Job:
     log: list[str] = field(default_factory=list)
     submitted_at: str = ""
     probe: dict | None = None  # the trusted checks' job for the worker (tito.trusted.Plan.job)
+    skip: dict[str, str] = field(default_factory=dict)  # code cells the worker does not run (skipped_when_grading)
 
 
 def _resources(settings: Settings, module: Module, student: str) -> dict:
@@ -722,10 +723,38 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
     if plan is not None:
         nb = clear_hidden_tests(nb)
     job.notebook = nb
+    job.skip = skipped_when_grading(nb)
+    if job.skip:
+        job.log.append(f"not run when grading (measurements no graded test needs): cells "
+                       f"{', '.join(str(int(i) + 1) for i in job.skip)}")
     if plan is not None:
         job.probe, notes = plan.job(nb, prerequisites or {})
         job.log += notes
     return job
+
+
+SKIP_TAG = "tito:skip-when-grading"  # a cell tag (metadata.tags) the notebook also shows as a comment line
+SKIP_LINE = re.compile(r"^#\s*tito:\s*skip when grading\b", re.M)
+
+
+def skipped_when_grading(nb) -> dict[str, str]:
+    """{cell index: why} of the code cells the grading worker does not run: cells tagged `tito:skip-when-grading`
+    (or showing the line `# tito: skip when grading`: measurements, plots and timings that no graded test
+    needs), and every cell after the last graded test cell (no graded test can need what runs after all of
+    them; the score comes from the trusted checks of the exported code and the graded cells). Never a graded or
+    solution cell (nbgrader metadata): a student who tags one of those skips nothing."""
+    tests = [i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code" and is_test_cell(c)]
+    last = tests[-1] if tests else len(nb.cells)
+    out = {}
+    for i, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code" or nbgrader_meta(cell) or not cell.get("source", "").strip():
+            continue
+        tags = cell.get("metadata", {}).get("tags") or []
+        if i > last:
+            out[str(i)] = "it comes after every graded test"
+        elif SKIP_TAG in tags or SKIP_LINE.search(cell.get("source", "")):
+            out[str(i)] = "a measurement no graded test needs"
+    return out
 
 
 def normalize_notebook(nb) -> list[str]:
@@ -1124,7 +1153,8 @@ class WorkerPool:
                    else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
         payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": self.files, "workdir": workdir,
                               "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
-                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit})
+                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
+                              "skip": job.skip})
         cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
         with open(out, "wb") as fo, open(errf, "wb") as fe:
             proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=subprocess.PIPE, stdout=fo,
