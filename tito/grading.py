@@ -1156,14 +1156,14 @@ class WorkerPool:
                               "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
                               "skip": job.skip})
         cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
-        with open(out, "wb") as fo, open(errf, "wb") as fe:
-            proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=subprocess.PIPE, stdout=fo,
+        # the job goes in as an open file (in this run's root-only scratch folder, unlinked at once): starting a
+        # worker never waits for it to read a pipe, so the next submission starts at once
+        job_file = self.scratch / f"{job.student}.job"
+        job_file.write_bytes(payload.encode())
+        with open(job_file, "rb") as fi, open(out, "wb") as fo, open(errf, "wb") as fe:
+            job_file.unlink()
+            proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=fi, stdout=fo,
                                     stderr=fe, env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(group))
-        try:
-            proc.stdin.write(payload.encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
         probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch) if job.probe is not None else None
         now = time.monotonic()
         self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot, group,
