@@ -106,7 +106,7 @@ def nb_autograde(ref: str = typer.Argument(..., help="module number or name"),
                  cluster: Optional[str] = typer.Option(None, "--cluster",
                                                        help="grade on a Dask cluster: `local` (worker processes here) or "
                                                             "a scheduler's tcp://host:port (default: settings.ini "
-                                                            "[grading] cluster; none: this machine's process pool)")):
+                                                            "\\[grading] cluster; none: this machine's process pool)")):
     """Execute and score submissions in parallel; every submission gets a status. Exit 1 when any needs you."""
     from tito import grading
 
