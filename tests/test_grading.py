@@ -697,3 +697,33 @@ def test_collect_keeps_lms_numbers_scripts_and_refuses_unsafe_ids(course, tmp_pa
     assert sorted(p.name for p in submitted.iterdir()) == sorted(
         ["John_Smith_1001", "John_Smith_1009", "José_Núñez", "Jane_Roe"])
     assert not (course / "nbgrader" / "eve").exists() and not (course / "eve").exists()
+
+
+def test_a_lazy_import_inside_a_function_does_not_drop_a_file_from_the_kernels_package():
+    """tensor.py imports autograd inside `backward` only: module 02's kernel still gets the tensor (module 06's
+    autograd is not there, and need not be), while given code that imports a later module at import time goes."""
+    from tito.grading import package_files
+
+    files = package_files(ROOT, MODULES["02"])
+    assert "tinytorch/core/tensor.py" in files and "tinytorch/core/autograd.py" not in files
+    assert "tinytorch/core/activations.py" not in files
+
+
+def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
+    """Cells after the last graded test and cells tagged `tito:skip-when-grading` (or showing `# tito: skip when
+    grading`) are not run by the grading worker; a graded or solution cell is run whatever it says."""
+    from tito.grading import SKIP_TAG, skipped_when_grading
+
+    nb = nbs.release(nbs.read(MODULES["06"].notebook))
+    tests = [i for i, c in enumerate(nb.cells) if nbs.is_test_cell(c)]
+    skip = skipped_when_grading(nb)
+    after = [i for i, c in enumerate(nb.cells) if i > tests[-1] and c.cell_type == "code" and c.source.strip()
+             and not nbs.nbgrader_meta(c)]
+    assert after and sorted(map(int, skip)) == after
+    plain = next(i for i, c in enumerate(nb.cells) if i < tests[0] and c.cell_type == "code" and not nbs.nbgrader_meta(c))
+    nb.cells[plain].metadata["tags"] = [SKIP_TAG]
+    sol = next(i for i, c in enumerate(nb.cells) if nbs.is_solution_cell(c) and c.cell_type == "code")
+    nb.cells[sol].source = "# tito: skip when grading\n" + nb.cells[sol].source
+    nb.cells[tests[0]].metadata["tags"] = [SKIP_TAG]
+    skip = skipped_when_grading(nb)
+    assert str(plain) in skip and str(sol) not in skip and str(tests[0]) not in skip

@@ -294,7 +294,7 @@ class Runner:
     def _spawn(self, job: dict, work: Path, deadline: float, file: Path | None = None):
         """Run the worker in the sandbox; returns (returncode or None on timeout, output tail). The sandbox
         (bwrap) sees `file`'s folder (see `visible`) and tinytorch read-only, and `work`'s folder writable."""
-        from .proc import kill_group
+        from .proc import kill_tree
 
         box = self.box
         log = work / "output.txt"
@@ -338,8 +338,7 @@ class Runner:
                 code = None
             finally:  # a timeout, Ctrl-C or any other exception: the whole group goes
                 if proc.returncode is None:
-                    kill_group(proc.pid)
-                    proc.wait()
+                    kill_tree(proc)
         tail = log.read_bytes()[-4000:].decode("utf-8", "replace").strip()
         return code, tail
 

@@ -58,6 +58,7 @@ from nbgrader.preprocessors import ClearHiddenTests, SaveAutoGrades
 from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
 from .integrity import restore_graded_cells
 from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
+from .proc import kill_tree  # noqa: F401  (the one process-tree killer; tests import it from here)
 from .progress import atomic_write_text
 
 STUDENT_ID_RE = re.compile(r"^[^\W][\w.\-]*$")  # letters of any script, digits, '.', '_', '-'; see safe_student_id
@@ -115,6 +116,7 @@ class GradingSettings:
     output_limit: int  # characters of output kept per cell ([grading] output_limit_kb)
     notebook_output_limit: int  # and per notebook ([grading] notebook_output_limit_kb)
     probe_timeout: float = 60.0  # seconds for a submission's trusted checks ([grading] probe_timeout)
+    cluster: str = ""  # where jobs run ([grading] cluster): '' this machine's process pool, `local`, `tcp://host:port`
 
     @classmethod
     def load(cls, settings: Settings) -> "GradingSettings":
@@ -133,7 +135,8 @@ class GradingSettings:
                   exchange=settings.get("grading", "exchange", "").strip(),
                   output_limit=int(settings.number("grading", "output_limit_kb", 100) * 1000),
                   notebook_output_limit=int(settings.number("grading", "notebook_output_limit_kb", 2000) * 1000),
-                  probe_timeout=settings.number("grading", "probe_timeout", 60))
+                  probe_timeout=settings.number("grading", "probe_timeout", 60),
+                  cluster=settings.get("grading", "cluster", "").strip())
         if out.max_processes < 8:
             raise CourseError(f"settings.ini: [grading] max_processes = {out.max_processes} is too small: a kernel "
                               "and its worker need about 8; 256 is the default")
@@ -541,6 +544,7 @@ class Outcome:
     seconds: float = 0.0
     log: str = ""
     integrity: str = ""  # what the integrity check found (also for a submission that was otherwise graded)
+    node: str = ""  # the machine (and Dask worker) that graded it
 
     @property
     def label(self) -> str:
@@ -599,6 +603,7 @@ class Job:
     log: list[str] = field(default_factory=list)
     submitted_at: str = ""
     probe: dict | None = None  # the trusted checks' job for the worker (tito.trusted.Plan.job)
+    skip: dict[str, str] = field(default_factory=dict)  # code cells the worker does not run (skipped_when_grading)
 
 
 def _resources(settings: Settings, module: Module, student: str) -> dict:
@@ -718,10 +723,38 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
     if plan is not None:
         nb = clear_hidden_tests(nb)
     job.notebook = nb
+    job.skip = skipped_when_grading(nb)
+    if job.skip:
+        job.log.append(f"not run when grading (measurements no graded test needs): cells "
+                       f"{', '.join(str(int(i) + 1) for i in job.skip)}")
     if plan is not None:
         job.probe, notes = plan.job(nb, prerequisites or {})
         job.log += notes
     return job
+
+
+SKIP_TAG = "tito:skip-when-grading"  # a cell tag (metadata.tags) the notebook also shows as a comment line
+SKIP_LINE = re.compile(r"^#\s*tito:\s*skip when grading\b", re.M)
+
+
+def skipped_when_grading(nb) -> dict[str, str]:
+    """{cell index: why} of the code cells the grading worker does not run: cells tagged `tito:skip-when-grading`
+    (or showing the line `# tito: skip when grading`: measurements, plots and timings that no graded test
+    needs), and every cell after the last graded test cell (no graded test can need what runs after all of
+    them; the score comes from the trusted checks of the exported code and the graded cells). Never a graded or
+    solution cell (nbgrader metadata): a student who tags one of those skips nothing."""
+    tests = [i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code" and is_test_cell(c)]
+    last = tests[-1] if tests else len(nb.cells)
+    out = {}
+    for i, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code" or nbgrader_meta(cell) or not cell.get("source", "").strip():
+            continue
+        tags = cell.get("metadata", {}).get("tags") or []
+        if i > last:
+            out[str(i)] = "it comes after every graded test"
+        elif SKIP_TAG in tags or SKIP_LINE.search(cell.get("source", "")):
+            out[str(i)] = "a measurement no graded test needs"
+    return out
 
 
 def normalize_notebook(nb) -> list[str]:
@@ -933,7 +966,9 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
 
 
 def package_imports(path: Path, root: Path) -> set[Path]:
-    """The `tinytorch` files a package file imports (absolute or relative, anywhere in it), as resolved paths."""
+    """The `tinytorch` files a package file imports when it is imported (absolute or relative, at module level or in
+    a class body; an import inside a function, such as the tensor's lazy import of autograd, is needed only when
+    called), as resolved paths."""
     import ast
 
     rel = path.resolve().relative_to(root.resolve())
@@ -951,7 +986,13 @@ def package_imports(path: Path, root: Path) -> set[Path]:
         if base.with_suffix(".py").is_file() or not base.is_dir():
             found.add(base.with_suffix(".py"))
 
-    for node in ast.walk(tree):
+    def at_import(node):  # statements that run when the file is imported: a function's body runs only when called
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield child
+                yield from at_import(child)
+
+    for node in at_import(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 add(a.name.split("."))
@@ -972,27 +1013,6 @@ def descendants(pid: int) -> list[int]:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a worker, everything it started (the kernel included) and its process group."""
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.Error:
-        tree = []
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    psutil.wait_procs(tree[1:], timeout=5)
 
 
 @dataclass
@@ -1113,15 +1133,16 @@ class WorkerPool:
     Each finished submission is scored by `on_result(job, result | None, why, killed, checked)` in this process,
     one at a time (result None: the worker died or was killed; `why` says how)."""
 
-    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings, plan=None):
+    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings, plan=None, first_slot: int = 0):
         self.box, self.size, self.files, self.g, self.plan = box, max(1, size), files, g, plan
+        self.first_slot = first_slot  # a Dask worker's threads share one sandbox: each its own slots
         self.running: list[Running] = []
         self.scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
         os.chmod(self.scratch, 0o700)
 
     def free_slot(self) -> int:
         used = {r.slot for r in self.running}
-        return next(i for i in range(self.size + 1) if i not in used)
+        return next(i for i in range(self.first_slot, self.first_slot + self.size + 1) if i not in used)
 
     def launch(self, job: Job) -> None:
         box, g = self.box, self.g
@@ -1132,16 +1153,17 @@ class WorkerPool:
                    else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
         payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": self.files, "workdir": workdir,
                               "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
-                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit})
+                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
+                              "skip": job.skip})
         cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
-        with open(out, "wb") as fo, open(errf, "wb") as fe:
-            proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=subprocess.PIPE, stdout=fo,
+        # the job goes in as an open file (in this run's root-only scratch folder, unlinked at once): starting a
+        # worker never waits for it to read a pipe, so the next submission starts at once
+        job_file = self.scratch / f"{job.student}.job"
+        job_file.write_bytes(payload.encode())
+        with open(job_file, "rb") as fi, open(out, "wb") as fo, open(errf, "wb") as fe:
+            job_file.unlink()
+            proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=fi, stdout=fo,
                                     stderr=fe, env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(group))
-        try:
-            proc.stdin.write(payload.encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
         probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch) if job.probe is not None else None
         now = time.monotonic()
         self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot, group,
@@ -1260,13 +1282,17 @@ def _prune(settings: Settings, module: Module, results: dict[str, Outcome], subm
 
 
 def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
-              workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None
-              ) -> RunReport:
-    """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`."""
-    from .sandbox import Cgroups, make_sandbox, preflight
-    from .trusted import TITO_DIR, code_tree
+              workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None,
+              cluster: str | None = None) -> RunReport:
+    """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`.
+
+    Jobs run on this machine's process pool, or on a Dask cluster (`cluster`: `local` or `tcp://host:port`;
+    default settings.ini's [grading] cluster): `tito.executor`. Only this process scores and writes results."""
+    from .executor import DaskExecutor, LocalExecutor, NodeSpec, new_run_id
+    from .trusted import TITO_DIR, Plan, code_tree, probe_digest
 
     g = GradingSettings.load(settings)
+    cluster = g.cluster if cluster is None else cluster.strip()
     all_students = submitted_students(settings, module)
     if not all_students:
         raise CourseError(f"no submissions for {module.slug} under {settings.nbgrader_root / 'submitted'}: "
@@ -1296,37 +1322,47 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
     nworkers = max(1, workers or g.workers)
     hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root, TITO_DIR]
-    box = make_sandbox(g.sandbox, hidden, settings.root, int(g.memory_gb * (1 << 30)), workers=nworkers,
-                       max_processes=g.max_processes)
-    code_base = Path("/var/tmp") if box.mode == "namespace" and Path("/var/tmp").is_dir() else None
-    code_dir = Path(tempfile.mkdtemp(prefix="tito-code-", dir=code_base))
-    box.code_root = code_tree(code_dir, module.number)
-    box.cgroups = Cgroups.detect(int(g.memory_gb * (1 << 30)), g.max_processes)
     files = package_files(settings.root, module)
-    plan = None
     stop = Stop()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    pool = None
+    plan, executor, box, code_dir = None, None, None, None
     queue = list(todo)
     graded_now: list[str] = []
     total = len(todo)
     left: list[str] = []
+    run_notes: list[str] = []
     try:
-        if todo:  # the worker must start, import and run before any submission is tried
-            preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")
-            from .trusted import Plan
+        if cluster:
+            plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout) if todo else None
+            spec = NodeSpec(new_run_id(), module.number, g.sandbox, hidden, settings.root, files,
+                            prerequisite_imports(files), g, plan, probe_digest(module))
+            executor = DaskExecutor(cluster, spec, workers=nworkers) if todo else None
+            run_notes = executor.notes if executor is not None else [f"cluster {cluster}: nothing to grade"]
+        else:
+            from .sandbox import Cgroups, make_sandbox, preflight
 
-            # the reference's records for this run's seed, computed here, outside every sandbox
-            plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout)
-        pool = WorkerPool(box, nworkers, files, g, plan)
+            box = make_sandbox(g.sandbox, hidden, settings.root, int(g.memory_gb * (1 << 30)), workers=nworkers,
+                               max_processes=g.max_processes)
+            code_base = Path("/var/tmp") if box.mode == "namespace" and Path("/var/tmp").is_dir() else None
+            code_dir = Path(tempfile.mkdtemp(prefix="tito-code-", dir=code_base))
+            box.code_root = code_tree(code_dir, module.number)
+            box.cgroups = Cgroups.detect(int(g.memory_gb * (1 << 30)), g.max_processes)
+            if todo:  # the worker must start, import and run before any submission is tried
+                preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")
+                # the reference's records for this run's seed, computed here, outside every sandbox
+                plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout)
+            executor = LocalExecutor(box, nworkers, files, g, plan)
+            run_notes = box.notes + [box.describe()]
 
-        def record(outcome: Outcome, job: Job) -> None:
+        def record(outcome: Outcome, job: Job, sandbox: str = "") -> None:
             outcome.graded_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             log = log_path(settings, module, outcome.student)
             log.parent.mkdir(parents=True, exist_ok=True)
             head = [f"{module.slug} / {outcome.student}: {outcome.label}",
                     f"score {outcome.score:g} / {outcome.max_score:g}; graded {outcome.graded_at}; "
-                    f"submitted {outcome.submitted_at or 'unknown'}", f"sandbox: {box.describe()}"]
+                    f"submitted {outcome.submitted_at or 'unknown'}"
+                    + (f"; on {outcome.node}" if outcome.node else ""),
+                    f"sandbox: {sandbox or (box.describe() if box is not None else 'none: not run')}"]
             atomic_write_text(log, "\n".join(head + job.log) + "\n")
             outcome.log = str(log.relative_to(settings.root))
             results[outcome.student] = outcome
@@ -1335,52 +1371,60 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             if on_event:
                 on_event("done", outcome, len(graded_now), total)
 
-        def on_result(job: Job, result: dict | None, why: str, killed: bool, checked=None) -> None:
-            if result is None:
-                outcome = fail(settings, module, job, why, status=TIMED_OUT if killed else FAILED)
+        def on_done(d) -> None:
+            if d.result is None:
+                outcome = fail(settings, module, d.job, d.why, status=TIMED_OUT if d.killed else FAILED)
             else:
                 try:
-                    outcome = finish(settings, module, job, result, plan, checked)
+                    outcome = finish(settings, module, d.job, d.result, plan, d.checked)
                 except Exception as e:  # a damaged executed notebook: this student fails, the others go on
-                    outcome = fail(settings, module, job, f"scoring failed: {type(e).__name__}: {e}")
-            record(outcome, job)
+                    outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}")
+            outcome.node = d.node
+            record(outcome, d.job, d.sandbox)
 
         if on_event:
             on_event("start", None, 0, total)
-            for note in box.notes + ([f"removed from the results (no submission any more): {', '.join(pruned)}"]
+            for note in run_notes + ([f"removed from the results (no submission any more): {', '.join(pruned)}"]
                                      if pruned else []):
                 on_event(note, None, 0, total)
-        while (queue or pool.running) and not stop:
-            while queue and len(pool.running) < pool.size and not stop:
-                s = queue.pop(0)
-                try:
-                    job = prepare(settings, module, s, release, release_bytes, salt, plan, files)
-                except _Fail as f:
-                    record(fail(settings, module, f.job, f.reason), f.job)
-                    continue
-                except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on
-                    job = Job(s, "")
-                    record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}"), job)
-                    continue
-                pool.launch(job)
-            time.sleep(0.05)
-            pool.poll(on_result)
+        while executor is not None and (queue or executor.busy()) and not stop:
+            while queue and executor.room() and not stop:
+                job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files, record)
+                if job is not None:
+                    executor.submit(job)
+            executor.wait(on_done)
     finally:
-        left = pool.close() if pool is not None else []
+        left = executor.close() if executor is not None else []
         interrupted = left + list(queue) if stop or left else []
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
-        box.close()
-        shutil.rmtree(code_dir, ignore_errors=True)
+        if box is not None:
+            box.close()
+        if code_dir is not None:
+            shutil.rmtree(code_dir, ignore_errors=True)
     outcomes = {s: results[s] for s in wanted if s in results}
     for s in interrupted:  # its previous result (if any) stays on disk, but it was not graded now
         outcomes[s] = Outcome(s, status="not graded", reason="interrupted")
     report = RunReport(module, outcomes, graded_now, unchanged, interrupted, results_path(settings, module),
-                       box.mode, box.notes + [box.describe()] + _plan_notes(module, plan, bool(todo))
+                       box.mode if box is not None else f"cluster {cluster}",
+                       run_notes + _plan_notes(module, plan, bool(todo))
                        + ([f"removed from the results (no submission any more): {', '.join(pruned)}"] if pruned else []))
     if stop:
         report.notes.append(f"stopped by {signal.Signals(stop.signal).name}")
     return report
+
+
+def _prepared(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str, plan,
+              files: dict[str, str], record) -> "Job | None":
+    """One submission's job, or None when it cannot be prepared (then it is recorded as failed: the others go on)."""
+    try:
+        return prepare(settings, module, student, release, release_bytes, salt, plan, files)
+    except _Fail as f:
+        record(fail(settings, module, f.job, f.reason), f.job)
+    except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on
+        job = Job(student, "")
+        record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}"), job)
+    return None
 
 
 # ------------------------------------------------------------------ feedback

@@ -54,6 +54,7 @@ from . import probes as P
 from .course import CourseError, Module
 from .notebooks import ANSI_RE, exercise_label, is_test_cell
 from .notebooks import read as read_notebook
+from .proc import kill_tree
 from .sandbox import BOOT  # python -I -c BOOT CODE_ROOT MODULE: nothing else of tito on sys.path, never the course
 
 CHECK_ERROR = "AutograderCheck"  # ename of the error output a failed trusted check adds to its cell
@@ -268,14 +269,6 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
                 except OSError:
                     pass
     return results
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
 
 
 # ------------------------------------------------------------------ the oracle: recorded outcomes, one call at a time
@@ -514,7 +507,7 @@ class Plan:
             shutil.copytree(root / "tinytorch", pkg / "tinytorch", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             for rel, text in texts.items():  # every file the module writes (tito.course.Module.package_files)
                 (pkg / rel).write_text(text, encoding="utf-8")
-            raw = run_probe_job(reference_spawn(Path(tmp)), _kill_group, {**self.base(), "mode": "record",
+            raw = run_probe_job(reference_spawn(Path(tmp)), kill_tree, {**self.base(), "mode": "record",
                                                                             "pkg_dir": str(pkg)},
                                 self.exercises, None, exercise_s=300, budget_s=1200)
         broken = {e: (r.get("failure") or P.outcome_text(r["outcome"])) for e, r in raw.items()

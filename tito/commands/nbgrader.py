@@ -102,7 +102,11 @@ def nb_autograde(ref: str = typer.Argument(..., help="module number or name"),
                  student: Optional[List[str]] = typer.Option(None, "--student", "-s", help="only these students"),
                  force: bool = typer.Option(False, "--force", help="grade again even unchanged submissions"),
                  workers: Optional[int] = typer.Option(None, "--workers", "-j",
-                                                       help="parallel submissions (default: settings.ini, else cores)")):
+                                                       help="parallel submissions (default: settings.ini, else cores)"),
+                 cluster: Optional[str] = typer.Option(None, "--cluster",
+                                                       help="grade on a Dask cluster: `local` (worker processes here) or "
+                                                            "a scheduler's tcp://host:port (default: settings.ini "
+                                                            "\\[grading] cluster; none: this machine's process pool)")):
     """Execute and score submissions in parallel; every submission gets a status. Exit 1 when any needs you."""
     from tito import grading
 
@@ -141,16 +145,20 @@ def nb_autograde(ref: str = typer.Argument(..., help="module number or name"),
     if progress is not None:
         progress.start()
     try:
-        report = grading.autograde(ctx.settings, m, student or None, force=force, workers=workers, on_event=on_event)
+        report = grading.autograde(ctx.settings, m, student or None, force=force, workers=workers, on_event=on_event,
+                                   cluster=cluster)
     finally:
         if progress is not None:
             progress.stop()
     table = Table(title=f"autograded {m.slug}")
-    for col in ("student", "score", "max", "status"):
+    nodes = len({o.node for o in report.outcomes.values() if o.node}) > 1 or report.sandbox not in (
+        "bwrap", "namespace", "none")  # on a cluster: which node graded each submission
+    for col in ("student", "score", "max", "status") + (("node",) if nodes else ()):
         table.add_column(col)
     for s, o in sorted(report.outcomes.items()):
         style = STATUS_STYLE.get(o.status, "white")
-        table.add_row(s, f"{o.score:g}", f"{o.max_score:g}", f"[{style}]{escape(o.label)}[/]")
+        table.add_row(s, f"{o.score:g}", f"{o.max_score:g}", f"[{style}]{escape(o.label)}[/]",
+                      *((escape(o.node),) if nodes else ()))
     console.print(table)
     counts: dict[str, int] = {}
     for o in report.outcomes.values():
