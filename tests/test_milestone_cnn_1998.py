@@ -3,6 +3,7 @@ meet its target (the CNN beats the MLP with fewer parameters, in under 60 s); wi
 it must train on a small folder in the CIFAR-10 python-batch format written by the test."""
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -34,7 +35,10 @@ def test_cnn_beats_the_mlp_on_the_digits(tmp_path):
     cnn = float(proc.stdout.split("CNN: test accuracy ")[1].split("%")[0])
     assert cnn > mlp, f"the CNN reached {cnn}% and the MLP {mlp}%\n{proc.stdout}"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    assert not [p for p in out.parent.iterdir() if p != out], "only the plot is left (no temporary files)"
+    result = out.with_suffix(".json")  # the run's result record, which the guide's measured page reads
+    assert json.loads(result.read_text())["verdict"] == "PASS", result.read_text()
+    assert not [p for p in out.parent.iterdir() if p not in (out, result)], \
+        "only the plot and the result record are left (no temporary files)"
 
 
 def write_cifar_folder(root: Path, n_train=(12, 12, 12, 12, 12), n_test=20):
