@@ -784,8 +784,8 @@ def test_a_scheduler_that_never_preempts_stops_at_the_time_limit_naming_the_exer
     exercise's function, and every other test runs."""
     from tests.support.mutation import Mutation, mutated_edition, run_module_tests
 
-    bug = Mutation("20", "serving/server.py", "ContinuousBatcher.schedule", "self.preempt(self.running[-1])",
-                   "self.running[-1]", "nobody preempted when the pool runs dry: the loop spins", "20.3")
+    bug = Mutation("20", "serving/server.py", "ContinuousBatcher.schedule", "preempt(self.running[-1])",
+                   "running[-1].id", "nobody preempted when the pool runs dry: the loop spins", "20.3")
     root = Path(__file__).resolve().parents[1]
     with mutated_edition(root, bug) as copy:
         shutil.copytree(root / "modules", copy / "modules", ignore=shutil.ignore_patterns("__pycache__", ".*"))
