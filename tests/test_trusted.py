@@ -563,7 +563,7 @@ LATER = [  # realistic one-line bugs of modules 12, 14-16 and 19 (their probes c
              "np.all(c[:, None, :] < c[None, :, :], axis=2)", "strictly better required in every objective", "19.5"),
 ]
 COMPILER, KERNELS, BACKENDS = "perf/compiler.py", "perf/kernels.py", "perf/backends.py"  # module 17's three files
-KV, SRV = "perf/kv_cache.py", "serving/server.py"
+KV, CKPT, SRV = "perf/kv_cache.py", "perf/checkpoint.py", "serving/server.py"
 LATER += [  # modules 17, 18 and 20
     # module 17: kernels
     Mutation("17", KERNELS, "naive_matmul", "float(a[i, p]) * float(b[p, j])", "float(a[i, p]) * float(b[j, p])",
@@ -691,11 +691,11 @@ LATER += [  # modules 17, 18 and 20
              "the last, partly filled block not gathered", "18.4"),
     Mutation("18", KV, "PagedKVCache.gather", "self.k_pool[layer, used].transpose(1, 0, 2, 3)",
              "self.k_pool[layer, used]", "blocks and heads not swapped before the reshape (wrong axis)", "18.4"),
-    Mutation("18", KV, "CheckpointFunction.backward", "set_grad_enabled(True)", "set_grad_enabled(previous)",
+    Mutation("18", CKPT, "CheckpointFunction.backward", "set_grad_enabled(True)", "set_grad_enabled(previous)",
              "recomputation under the caller's grad mode (nothing recorded under no_grad)", "18.5"),
-    Mutation("18", KV, "CheckpointFunction.backward", "ctx.needs_input_grad[1:]", "ctx.needs_input_grad",
+    Mutation("18", CKPT, "CheckpointFunction.backward", "ctx.needs_input_grad[1:]", "ctx.needs_input_grad",
              "needs_input_grad read from fn's slot (off by one)", "18.5"),
-    Mutation("18", KV, "CheckpointFunction.backward", "backward(out, grad)", "backward(out.sum())",
+    Mutation("18", CKPT, "CheckpointFunction.backward", "backward(out, grad)", "backward(out.sum())",
              "the upstream gradient ignored (ones instead)", "18.5"),
     Mutation("18", KV, "make_caches", "max_len, b.attn.head_dim", "model.context_length, b.attn.head_dim",
              "max_len ignored: every cache sized for the whole context", "18.1"),
@@ -713,18 +713,18 @@ LATER += [  # modules 17, 18 and 20
              "gathered keys returned without the batch axis", "18.4"),
     Mutation("18", KV, "PagedLayerCache.update", "self.pool.gather(self.seq_id, self.layer)",
              "self.pool.gather(self.seq_id, 0)", "every layer's cache reads layer 0's keys", "18.4"),
-    Mutation("18", KV, "RNGState.restored", "for g, state in now:", "for g, state in self.states:",
+    Mutation("18", CKPT, "RNGState.restored", "for g, state in now:", "for g, state in self.states:",
              "after the recomputation the generators are left at the captured state (draws repeat)", "18.5"),
-    Mutation("18", KV, "CheckpointFunction.forward", "Tensor(a, dtype=a.dtype)", "Tensor(a)",
+    Mutation("18", CKPT, "CheckpointFunction.forward", "Tensor(a, dtype=a.dtype)", "Tensor(a)",
              "forward rebuilds float64 inputs as float32", "18.5"),
-    Mutation("18", KV, "CheckpointFunction.forward", "RNGState(fn, enabled=preserve_rng_state)",
+    Mutation("18", CKPT, "CheckpointFunction.forward", "RNGState(fn, enabled=preserve_rng_state)",
              "RNGState(fn, enabled=False)", "the generators' state not saved: dropout redrawn in backward", "18.5"),
-    Mutation("18", KV, "CheckpointFunction.backward", "with ctx.rng.restored():", "if ctx.rng:",
+    Mutation("18", CKPT, "CheckpointFunction.backward", "with ctx.rng.restored():", "if ctx.rng:",
              "the recomputation draws new random numbers (dropout masks differ)", "18.5"),
-    Mutation("18", KV, "checkpoint_sequential", "lambda h, run=functions[start:start + size]: _run_all(run, h)",
+    Mutation("18", CKPT, "checkpoint_sequential", "lambda h, run=functions[start:start + size]: _run_all(run, h)",
              "lambda h: _run_all(functions[start:start + size], h)",
              "late-binding closure: every checkpointed run applies the last run's functions", "18.6"),
-    Mutation("18", KV, "checkpoint_sequential", "size = len(functions) // segments",
+    Mutation("18", CKPT, "checkpoint_sequential", "size = len(functions) // segments",
              "size = -(-len(functions) // segments)", "runs rounded up (the last run too short or empty)", "18.6"),
     Mutation("20", SRV, "batch_window", "now - pending[0][0] >= max_wait", "now - pending[0][0] > max_wait",
              "waits while the oldest has waited exactly max_wait (and forever with max_wait 0)", "20.1"),

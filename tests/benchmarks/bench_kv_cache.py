@@ -50,7 +50,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from tinytorch.models.gpt import GPT  # noqa: E402
 from tinytorch.core.losses import CrossEntropyLoss  # noqa: E402
-from tinytorch.perf.kv_cache import checkpoint, checkpoint_sequential, generate_cached  # noqa: E402
+from tinytorch.perf.checkpoint import checkpoint, checkpoint_sequential  # noqa: E402
+from tinytorch.perf.kv_cache import generate_cached  # noqa: E402
 from tinytorch.perf.measure import peak_memory, time_call  # noqa: E402
 
 V, C, E, H, L = 65, 128, 96, 4, 2

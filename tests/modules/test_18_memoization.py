@@ -465,7 +465,7 @@ def test_paged_layer_cache_refuses_a_batch():
 
 def _block_grads(block, x0, up, use_checkpoint):
     from tinytorch.core.autograd import backward
-    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.checkpoint import checkpoint
     for p in block.parameters():
         p.grad = None
     x = Tensor(x0, requires_grad=True)
@@ -494,7 +494,7 @@ def test_checkpointed_block_gradients_equal_plain_backward_exactly(b, t, seed):
 @pytest.mark.exercise("18.5", "CheckpointFunction.backward")
 def test_checkpointing_a_gpt_step_keeps_gradients_and_lowers_peak_memory():
     from tinytorch.core.losses import CrossEntropyLoss
-    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.checkpoint import checkpoint
     from tinytorch.perf.measure import peak_memory
     gpt = GPT(vocab_size=30, context_length=32, embed_dim=32, num_heads=4, num_layers=4, rng=0)
     xb = np.random.default_rng(0).integers(0, 30, (4, 32))
@@ -524,7 +524,7 @@ def test_checkpointing_a_gpt_step_keeps_gradients_and_lowers_peak_memory():
 @pytest.mark.exercise("18.5", "CheckpointFunction.backward")
 def test_checkpoint_recomputes_with_gradients_on_under_no_grad():
     from tinytorch.core.autograd import backward, no_grad
-    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.checkpoint import checkpoint
     a = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
     loss = checkpoint(lambda p: (p * p).sum(), a)
     with no_grad():  # backward called with grad mode off: the recomputation must still record its graph
@@ -550,7 +550,7 @@ def test_checkpoint_sequential_recomputes_all_runs_but_the_last_as_pytorch_does(
     """Gradients equal the plain chain's exactly; which functions run twice is what
     `torch.utils.checkpoint.checkpoint_sequential` does on the same split (checked when torch is installed)."""
     from tinytorch.core.autograd import backward
-    from tinytorch.perf.kv_cache import checkpoint_sequential
+    from tinytorch.perf.checkpoint import checkpoint_sequential
     blocks = [_small_block(i) for i in range(n)]
     x0 = np.random.default_rng(3).standard_normal((2, 5, 16)).astype(np.float32)
     up = np.random.default_rng(4).standard_normal((2, 5, 16)).astype(np.float32)
@@ -592,7 +592,7 @@ def _small_block(seed):
 
 @pytest.mark.exercise("18.6", "checkpoint_sequential")
 def test_checkpoint_sequential_errors_are_named():
-    from tinytorch.perf.kv_cache import checkpoint_sequential
+    from tinytorch.perf.checkpoint import checkpoint_sequential
     x = Tensor(np.zeros((2, 3)), requires_grad=True)
     with pytest.raises(ValueError, match=r"checkpoint_sequential: segments must be an int from 1 to 2 .*got 3"):
         checkpoint_sequential([abs, abs], 3, x)
@@ -603,7 +603,7 @@ def test_checkpoint_sequential_errors_are_named():
 
 
 def test_checkpoint_errors_are_named():
-    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.checkpoint import checkpoint
     with pytest.raises(TypeError, match="checkpoint: fn must be callable"):
         checkpoint(3, Tensor(np.zeros(2)))
     with pytest.raises(TypeError, match=r"checkpoint: inputs must be one or more Tensors; got \['ndarray'\]"):
@@ -618,7 +618,7 @@ def test_checkpoint_keeps_float64_in_forward_and_backward(seed, shape):
     the output, the input's gradient and a parameter's gradient equal the plain float64 run's to float64
     rounding, and the gradient agrees with float64 central differences."""
     from tinytorch.core.autograd import backward
-    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.checkpoint import checkpoint
     from tests.support.refs import numeric_grads
     rng = np.random.default_rng(seed)
     x0, w0 = rng.standard_normal(shape), rng.standard_normal(shape[-1:])
@@ -648,7 +648,7 @@ def test_dropout_under_checkpoint_equals_the_plain_run(placement):
     loss and every gradient equal the plain step's exactly, and the generators end where the plain step leaves
     them (the recomputation draws nothing from the caller's stream)."""
     from tinytorch.core.losses import CrossEntropyLoss
-    from tinytorch.perf.kv_cache import checkpoint, checkpoint_sequential
+    from tinytorch.perf.checkpoint import checkpoint, checkpoint_sequential
     xb = np.random.default_rng(0).integers(0, 30, (3, 12))
     yb = np.random.default_rng(1).integers(0, 30, (3, 12))
 
@@ -684,7 +684,7 @@ def test_dropout_under_checkpoint_equals_the_plain_run(placement):
 
 @pytest.mark.exercise("18.5", "RNGState.restored")
 def test_rng_state_restored_replays_the_captured_draws_and_then_puts_the_stream_back():
-    from tinytorch.perf.kv_cache import RNGState
+    from tinytorch.perf.checkpoint import RNGState
     g, h = np.random.default_rng(1), np.random.default_rng(2)
     state = RNGState(lambda: None)
     state.states = [(g, g.bit_generator.state), (h, h.bit_generator.state)]
@@ -712,7 +712,7 @@ def test_preserve_rng_state_false_draws_new_masks():
     run's, which shows what the default prevents."""
     from tinytorch.core.autograd import backward
     from tinytorch.models.gpt import TransformerBlock
-    from tinytorch.perf.kv_cache import checkpoint
+    from tinytorch.perf.checkpoint import checkpoint
     x0 = np.random.default_rng(2).standard_normal((2, 5, 16)).astype(np.float32)
     grads = {}
     for keep in (True, False):
@@ -731,7 +731,7 @@ def test_preserve_rng_state_false_draws_new_masks():
 def test_find_generators_sees_modules_closures_defaults_and_partials():
     import functools
     from tinytorch.models.gpt import TransformerBlock
-    from tinytorch.perf.kv_cache import find_generators
+    from tinytorch.perf.checkpoint import find_generators
     a, b = TransformerBlock(8, 2, dropout=0.1, rng=0), TransformerBlock(8, 2, dropout=0.1, rng=1)
     assert find_generators(a) == [a.drop.rng]   # one generator shared by the block's dropouts (made from one rng)
     assert find_generators(lambda h: b(a(h))) == [b.drop.rng, a.drop.rng] or \

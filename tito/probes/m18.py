@@ -205,7 +205,7 @@ def checkpointing(rng, rec):
     from tinytorch.core.autograd import backward, no_grad
     from tinytorch.core.tensor import Tensor
     from tinytorch.models.gpt import TransformerBlock
-    from tinytorch.perf.kv_cache import RNGState, checkpoint
+    from tinytorch.perf.checkpoint import RNGState, checkpoint
 
     # RNGState.restored on generators captured by hand (the given capture is not what is checked)
     seed = int(rng.integers(0, 2 ** 30))
@@ -291,7 +291,7 @@ def sequential(rng, rec):
     """The runs `checkpoint_sequential` builds, seen without backpropagating: which functions each
     checkpointed node's `fn` applies (called on data), in which order, and what comes out."""
     from tinytorch.core.tensor import Tensor
-    from tinytorch.perf.kv_cache import checkpoint_sequential
+    from tinytorch.perf.checkpoint import checkpoint_sequential
 
     for n, segments in ((5, 2), (4, 4), (3, 1), (7, 3), (int(rng.integers(2, 8)), None)):
         segments = segments or int(rng.integers(1, n + 1))
