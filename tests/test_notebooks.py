@@ -303,3 +303,43 @@ def test_a_solution_line_that_another_module_gives_is_not_a_leak():
     assert {secret, shared} <= nbs.solution_only_lines(solution)
     lines = nbs.course_solution_lines([solution, given])
     assert secret in lines and shared not in lines, lines
+
+
+# ------------------------------------------------------------------ issue 29: the student writes what the module is named for
+
+TITLE_ALGORITHMS = {
+    "14": {"perf/profiler.py": ["op_flops", "op_bytes", "roofline"]},
+    "15": {"perf/quantization.py": ["to_bfloat16", "quantize"]},
+    "16": {"perf/compression.py": ["prune_magnitude", "low_rank"]},
+    "17": {"perf/compiler.py": ["fuse_elementwise", "loop_source"]},
+    "18": {"perf/kv_cache.py": ["KVCache.update", "cached_decode", "PagedKVCache.allocate", "PagedKVCache.write",
+                                "PagedKVCache.gather"], "perf/checkpoint.py": ["CheckpointFunction.backward"]},
+    "19": {"perf/benchmark.py": ["bootstrap_median_ci", "pareto_front"]},
+    "20": {"serving/server.py": ["batch_window", "ContinuousBatcher.schedule"]},
+}
+
+
+def _function_source(source: str, name: str) -> str:
+    import ast
+
+    cls, _, fn = name.rpartition(".")
+    scope = ast.parse(source).body
+    if cls:
+        scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next(n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == fn)
+    return "\n".join(source.splitlines()[node.lineno - 1:node.end_lineno])
+
+
+@pytest.mark.parametrize("number", sorted(TITLE_ALGORITHMS))
+def test_the_student_writes_the_title_algorithms_and_a_sixth_of_the_code(number):
+    """Issue 29: at least 15% of each of 14-20's exported lines are in solution regions, and the algorithms the
+    module is named for are among them (each function's body holds a solution region)."""
+    module = next(m for m in MODULES if m.number == number)
+    student, exported = nbs.solution_share(nbs.read(module.notebook))
+    assert student >= 0.15 * exported, (f"{module.slug}: the student writes {student} of {exported} exported lines "
+                                         f"({student / exported:.1%}); at least 15% expected")
+    for rel, names in TITLE_ALGORITHMS[number].items():
+        source = (ROOT / "tinytorch" / rel).read_text(encoding="utf-8")
+        for name in names:
+            assert "### BEGIN SOLUTION" in _function_source(source, name), \
+                f"{module.slug}: {name} in tinytorch/{rel} has no solution region: it is given, not the student's"
