@@ -545,6 +545,7 @@ class Outcome:
     log: str = ""
     integrity: str = ""  # what the integrity check found (also for a submission that was otherwise graded)
     node: str = ""  # the machine (and Dask worker) that graded it
+    cpu_s: float = 0.0  # CPU seconds its sandbox used (worker, kernel, probe processes): a measurement, not a grade
 
     @property
     def label(self) -> str:
@@ -670,7 +671,7 @@ def _repair_other_metadata(nb, release) -> list[str]:
 
 
 def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str,
-            plan=None, prerequisites: dict[str, str] | None = None) -> Job:
+            plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True) -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 
@@ -723,7 +724,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
     if plan is not None:
         nb = clear_hidden_tests(nb)
     job.notebook = nb
-    job.skip = skipped_when_grading(nb)
+    job.skip = skipped_when_grading(nb) if skip_cells else {}
     if job.skip:
         job.log.append(f"not run when grading (measurements no graded test needs): cells "
                        f"{', '.join(str(int(i) + 1) for i in job.skip)}")
@@ -1283,11 +1284,12 @@ def _prune(settings: Settings, module: Module, results: dict[str, Outcome], subm
 
 def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
               workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None,
-              cluster: str | None = None) -> RunReport:
+              cluster: str | None = None, skip_cells: bool = True) -> RunReport:
     """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`.
 
     Jobs run on this machine's process pool, or on a Dask cluster (`cluster`: `local` or `tcp://host:port`;
-    default settings.ini's [grading] cluster): `tito.executor`. Only this process scores and writes results."""
+    default settings.ini's [grading] cluster): `tito.executor`. Only this process scores and writes results.
+    `skip_cells=False` runs every cell, also those `skipped_when_grading` (the benchmark's baseline)."""
     from .executor import DaskExecutor, LocalExecutor, NodeSpec, new_run_id
     from .trusted import TITO_DIR, Plan, code_tree, probe_digest
 
@@ -1380,6 +1382,14 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 except Exception as e:  # a damaged executed notebook: this student fails, the others go on
                     outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}")
             outcome.node = d.node
+            try:  # what the worker and the probe processes said they used (a measurement, bounded)
+                worker = min(max(float((d.result or {}).get("cpu_s") or 0), 0.0), 1e6)
+                probes = min(max(float(getattr(d.checked, "cpu_s", 0) or 0), 0.0), 1e6)
+                outcome.cpu_s = round(worker + probes, 3)
+                d.job.log.append(f"CPU in the sandbox: {outcome.cpu_s:.2f} s (notebook worker and kernel {worker:.2f} s, "
+                                 f"probe processes {probes:.2f} s)")
+            except (TypeError, ValueError):
+                outcome.cpu_s = 0.0
             record(outcome, d.job, d.sandbox)
 
         if on_event:
@@ -1389,7 +1399,8 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 on_event(note, None, 0, total)
         while executor is not None and (queue or executor.busy()) and not stop:
             while queue and executor.room() and not stop:
-                job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files, record)
+                job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files, record,
+                                skip_cells)
                 if job is not None:
                     executor.submit(job)
             executor.wait(on_done)
@@ -1415,10 +1426,10 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
 
 def _prepared(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str, plan,
-              files: dict[str, str], record) -> "Job | None":
+              files: dict[str, str], record, skip_cells: bool = True) -> "Job | None":
     """One submission's job, or None when it cannot be prepared (then it is recorded as failed: the others go on)."""
     try:
-        return prepare(settings, module, student, release, release_bytes, salt, plan, files)
+        return prepare(settings, module, student, release, release_bytes, salt, plan, files, skip_cells)
     except _Fail as f:
         record(fail(settings, module, f.job, f.reason), f.job)
     except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on
