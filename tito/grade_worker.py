@@ -12,7 +12,7 @@ trusted side, never a graded or solution cell); each gets one output line saying
 The worker writes the package files under WORKDIR/pkg (first on the kernel's PYTHONPATH), runs the
 notebook cell by cell in a fresh kernel whose working directory and HOME are under WORKDIR, and writes
 one JSON object to stdout: {"notebook": <executed>, "status": "ok" | "timed out" | "kernel died" |
-"error", "reason": "..."}. It holds no reference code, expected value or hidden test: the trusted checks
+"error", "reason": "...", "seconds": wall, "cpu_s": CPU seconds of this worker and its kernel}. It holds no reference code, expected value or hidden test: the trusted checks
 run elsewhere (tito.trusted), in a fresh process that never ran the notebook.
 
 It runs in Python's isolated mode from a read-only copy of the tito code it needs, with a working
@@ -32,16 +32,21 @@ from __future__ import annotations
 import base64
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import nbformat
-from nbclient.exceptions import DeadKernelError
+# jsonschema (under nbformat) imports rfc3987_syntax when it is installed, for an IRI format no notebook schema uses:
+# building its grammar costs about 2.5 s of CPU, more than half of what this worker otherwise spends per submission
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  (None: `import` raises ImportError)
 
-from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell
+import nbformat  # noqa: E402
+from nbclient.exceptions import DeadKernelError  # noqa: E402
+
+from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell  # noqa: E402
 
 MAX_ERRORS_PER_CELL = 2  # error outputs kept per cell (the first one carries a visible test's message)
 ERROR_CHARS = 4000  # characters of one kept error output
@@ -249,7 +254,13 @@ def run(job: dict) -> dict:
         if cell.cell_type == "code" and cell.source.strip() and i not in executed:
             cell.outputs = [_error_output("NotRun", why)]
     return {"notebook": nbformat.writes(nb), "status": status, "reason": reason,
-            "seconds": round(time.monotonic() - start, 2)}
+            "seconds": round(time.monotonic() - start, 2), "cpu_s": cpu_seconds()}
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) of this worker and its reaped children (the kernel, shut down by now)."""
+    return round(sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                        resource.getrusage(resource.RUSAGE_CHILDREN))), 3)
 
 
 def main() -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import copy
 import datetime as dt
 import hashlib
 import html
@@ -79,15 +80,94 @@ def cell_passed(cell) -> bool:
 
 
 class TitoSaveAutoGrades(SaveAutoGrades):
-    """nbgrader's SaveAutoGrades with tito's verdict: stderr output does not cost a graded cell its points."""
+    """nbgrader's SaveAutoGrades with tito's verdict: stderr output does not cost a graded cell its points.
+
+    With `gradebook` given (an open nbgrader Gradebook), the submission notebook's grades and comments are read in
+    one query each and written with one commit (nbgrader's own queries and commits once per cell), by the caller."""
+
+    def __init__(self, gradebook=None, **kw):
+        super().__init__(**kw)
+        self.given = gradebook
+
+    def preprocess(self, nb, resources):
+        if self.given is None:
+            return super().preprocess(nb, resources)
+        self.notebook_id = resources["nbgrader"]["notebook"]
+        self.assignment_id = resources["nbgrader"]["assignment"]
+        self.student_id = resources["nbgrader"]["student"]
+        self.gradebook = self.given
+        sub = self.gradebook.find_submission_notebook(self.notebook_id, self.assignment_id, self.student_id)
+        self.grades = {g.name: g for g in sub.grades}
+        self.comments = {c.name: c for c in sub.comments}
+        for i, cell in enumerate(nb.cells):
+            nb.cells[i], resources = self.preprocess_cell(cell, resources, i)
+        return nb, resources
 
     def _add_score(self, cell, resources):
         import copy as _copy
 
+        from nbgrader import utils
+
         quiet = _copy.deepcopy(cell)
         quiet.outputs = [o for o in cell.get("outputs", [])
                          if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
-        return super()._add_score(quiet, resources)
+        if self.given is None:
+            return super()._add_score(quiet, resources)
+        grade = self.grades[cell.metadata["nbgrader"]["grade_id"]]
+        grade.auto_score, _ = utils.determine_grade(quiet, self.log)
+        grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+
+    def _add_comment(self, cell, resources):
+        from nbgrader import utils
+
+        if self.given is None:
+            return super()._add_comment(cell, resources)
+        comment = self.comments[cell.metadata["nbgrader"]["grade_id"]]
+        if cell.metadata.nbgrader.get("checksum", None) == utils.compute_checksum(cell) and not utils.is_task(cell):
+            comment.auto_comment = "No response."
+        else:
+            comment.auto_comment = None
+
+
+_VALIDATOR = None
+
+
+def check_cell_metadata(nb) -> None:
+    """nbgrader's CheckCellMetadata (the same checks and errors) with its JSON schema compiled once per process:
+    nbgrader's own checks the schema itself again for every cell (0.2 s per notebook)."""
+    global _VALIDATOR
+    if _VALIDATOR is None:
+        import jsonschema
+        from nbgrader.nbgraderformat import MetadataValidator
+        from nbgrader.nbgraderformat.common import BaseMetadataValidator, SchemaTooNewError, SchemaTooOldError
+
+        class CompiledSchema(BaseMetadataValidator):
+            def validate_cell(self, cell) -> None:  # BaseMetadataValidator's, with the validator built once
+                if "nbgrader" not in cell.metadata:
+                    return
+                version = cell.metadata["nbgrader"].get("schema_version", 0)
+                if version < self.schema_version:
+                    raise SchemaTooOldError(f"Outdated schema version: {version} (expected {self.schema_version})",
+                                            version, self.schema_version)
+                if version > self.schema_version:
+                    raise SchemaTooNewError(f"Schema version is too new: {version} (expected {self.schema_version})",
+                                            version, self.schema_version)
+                if getattr(self, "compiled", None) is None:
+                    cls = jsonschema.validators.validator_for(self.schema)
+                    cls.check_schema(self.schema)
+                    self.compiled = cls(self.schema)
+                self.compiled.validate(cell.metadata["nbgrader"])
+
+        class Validator(MetadataValidator, CompiledSchema):  # MRO: nbgrader's checks, then CompiledSchema's
+            pass
+
+        _VALIDATOR = Validator()
+    from nbgrader.nbgraderformat import ValidationError
+
+    try:
+        _VALIDATOR.validate_nb(nb)
+    except ValidationError:
+        raise ValidationError("Notebook failed to validate; the nbgrader metadata may be corrupted.") from None
 
 
 def clear_hidden_tests(nb):
@@ -545,6 +625,7 @@ class Outcome:
     log: str = ""
     integrity: str = ""  # what the integrity check found (also for a submission that was otherwise graded)
     node: str = ""  # the machine (and Dask worker) that graded it
+    cpu_s: float = 0.0  # CPU seconds its sandbox used (worker, kernel, probe processes): a measurement, not a grade
 
     @property
     def label(self) -> str:
@@ -670,9 +751,9 @@ def _repair_other_metadata(nb, release) -> list[str]:
 
 
 def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str,
-            plan=None, prerequisites: dict[str, str] | None = None) -> Job:
+            plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True) -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
-    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
+    from nbgrader.preprocessors import ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 
     sub_dir = settings.nbgrader_root / "submitted" / student / module.slug
     job = Job(student, _fingerprint(sub_dir, release_bytes, salt))
@@ -715,7 +796,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         if copies:
             job.log.append(f"copied graded or solution cells ({', '.join(copies)}): the copy counts as the student's "
                            "own code cell (nbgrader keeps the last one of each grade id)")
-        nb, resources = CheckCellMetadata().preprocess(nb, resources)
+        check_cell_metadata(nb)
     except Exception as e:  # nbgrader's validation errors name the cell; keep its words
         raise _Fail(job, f"nbgrader could not prepare the notebook: {type(e).__name__}: {e}") from None
     # hidden tests never run in the student's kernel: the trusted checks score (nbgrader's OverwriteCells has just
@@ -723,7 +804,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
     if plan is not None:
         nb = clear_hidden_tests(nb)
     job.notebook = nb
-    job.skip = skipped_when_grading(nb)
+    job.skip = skipped_when_grading(nb) if skip_cells else {}
     if job.skip:
         job.log.append(f"not run when grading (measurements no graded test needs): cells "
                        f"{', '.join(str(int(i) + 1) for i in job.skip)}")
@@ -874,12 +955,28 @@ def bound_outputs(nb, cell_limit: int, notebook_limit: int) -> int:
     return dropped
 
 
+def restore_trusted_cells(nb, prepared) -> None:
+    """The executed notebook's cells get back the prepared notebook's source and metadata (validated in `prepare`,
+    before the notebook left this process): a worker only adds outputs. A notebook whose cells do not line up with
+    the prepared one is validated again instead (nbgrader's checks, `check_cell_metadata`)."""
+    if prepared is None or len(nb.cells) != len(prepared.cells) or any(
+            a.get("cell_type") != b.get("cell_type") for a, b in zip(nb.cells, prepared.cells)):
+        check_cell_metadata(nb)
+        return
+    for cell, trusted in zip(nb.cells, prepared.cells):
+        cell["metadata"] = copy.deepcopy(trusted.get("metadata", {}))
+        cell["source"] = trusted.get("source", "")
+        if "id" in trusted:
+            cell["id"] = trusted["id"]
+
+
 def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None) -> Outcome:
     """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
-    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, LimitOutput
+    from nbgrader.preprocessors import AssignLatePenalties, LimitOutput
 
     g = GradingSettings.load(settings)
     nb = nbformat.reads(result["notebook"], as_version=4)
+    restore_trusted_cells(nb, job.notebook)
     bound_outputs(nb, g.output_limit + 1000, g.notebook_output_limit + 10_000)
     status, reason = {"ok": (GRADED, ""), "timed out": (TIMED_OUT, result.get("reason", "")),
                       "kernel died": (KERNEL_DIED, result.get("reason", "")),
@@ -902,8 +999,11 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
         trusted_log = [f"trusted checks (seed {plan.seed}; each exercise's probe of your exported code against "
                        "the reference, in a sandbox of its own):", *trusted_summary(verdicts),
                        *(checked.notes if checked is not None else []), *trusted_log]
-    for pp in (LimitOutput(), TitoSaveAutoGrades(), AssignLatePenalties(), CheckCellMetadata()):
-        nb, resources = pp.preprocess(nb, resources)
+    nb, resources = LimitOutput().preprocess(nb, resources)
+    with _gradebook(settings) as gb:  # one session, one commit for the scores
+        nb, resources = TitoSaveAutoGrades(gradebook=gb).preprocess(nb, resources)
+        gb.db.commit()
+    nb, resources = AssignLatePenalties().preprocess(nb, resources)
     with _gradebook(settings) as gb:
         if status != GRADED:
             _flag_grades(gb, module, job.student, job.review_ids if status == REVIEW else None, zero=False)
@@ -1283,11 +1383,12 @@ def _prune(settings: Settings, module: Module, results: dict[str, Outcome], subm
 
 def autograde(settings: Settings, module: Module, students: list[str] | None = None, force: bool = False,
               workers: int | None = None, on_event: Callable[[str, Outcome | None, int, int], None] | None = None,
-              cluster: str | None = None) -> RunReport:
+              cluster: str | None = None, skip_cells: bool = True) -> RunReport:
     """Grade the submissions of `module` (all, or `students`): new or changed ones only unless `force`.
 
     Jobs run on this machine's process pool, or on a Dask cluster (`cluster`: `local` or `tcp://host:port`;
-    default settings.ini's [grading] cluster): `tito.executor`. Only this process scores and writes results."""
+    default settings.ini's [grading] cluster): `tito.executor`. Only this process scores and writes results.
+    `skip_cells=False` runs every cell, also those `skipped_when_grading` (the benchmark's baseline)."""
     from .executor import DaskExecutor, LocalExecutor, NodeSpec, new_run_id
     from .trusted import TITO_DIR, Plan, code_tree, probe_digest
 
@@ -1380,6 +1481,14 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 except Exception as e:  # a damaged executed notebook: this student fails, the others go on
                     outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}")
             outcome.node = d.node
+            try:  # what the worker and the probe processes said they used (a measurement, bounded)
+                worker = min(max(float((d.result or {}).get("cpu_s") or 0), 0.0), 1e6)
+                probes = min(max(float(getattr(d.checked, "cpu_s", 0) or 0), 0.0), 1e6)
+                outcome.cpu_s = round(worker + probes, 3)
+                d.job.log.append(f"CPU in the sandbox: {outcome.cpu_s:.2f} s (notebook worker and kernel {worker:.2f} s, "
+                                 f"probe processes {probes:.2f} s)")
+            except (TypeError, ValueError):
+                outcome.cpu_s = 0.0
             record(outcome, d.job, d.sandbox)
 
         if on_event:
@@ -1389,7 +1498,8 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 on_event(note, None, 0, total)
         while executor is not None and (queue or executor.busy()) and not stop:
             while queue and executor.room() and not stop:
-                job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files, record)
+                job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files, record,
+                                skip_cells)
                 if job is not None:
                     executor.submit(job)
             executor.wait(on_done)
@@ -1415,10 +1525,10 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
 
 def _prepared(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str, plan,
-              files: dict[str, str], record) -> "Job | None":
+              files: dict[str, str], record, skip_cells: bool = True) -> "Job | None":
     """One submission's job, or None when it cannot be prepared (then it is recorded as failed: the others go on)."""
     try:
-        return prepare(settings, module, student, release, release_bytes, salt, plan, files)
+        return prepare(settings, module, student, release, release_bytes, salt, plan, files, skip_cells)
     except _Fail as f:
         record(fail(settings, module, f.job, f.reason), f.job)
     except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on

@@ -11,7 +11,7 @@ under the working directory, made read-only, and put first on sys.path. Every im
 runs; then the graded module is imported, and the runner answers commands on stdin:
 
     {"t": "run", "ex": "13.3"}      -> {"t": "start", "ex": "13.3"}, ... {"t": "record", "ex": "13.3", ...}
-    {"t": "exit"}
+    {"t": "exit"}                  -> {"t": "bye", "cpu_s": 1.2}  (CPU seconds this process used, for benchmarks)
 
 Messages go out on a private copy of stdout taken before the student's code runs (the student's own
 prints go nowhere). In `replay` mode (the student's code, in the sandbox) a call of a name in the
@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re  # noqa: F401
+import resource
 import sys
 import types
 
@@ -57,6 +58,12 @@ class Unreplayable(Exception):
 
 class NoKey(Exception):
     """The arguments cannot be read as data (an iterator, a file): the student's own code runs."""
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) this process and the children it waited for used."""
+    return round(sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                        resource.getrusage(resource.RUSAGE_CHILDREN))), 3)
 
 
 # ------------------------------------------------------------------ reading values as data
@@ -655,6 +662,7 @@ def run(chan: Channel) -> int:
     while True:
         cmd = chan.receive()
         if cmd.get("t") != "run":
+            chan.send({"t": "bye", "cpu_s": cpu_seconds()})  # what this process (and its children) used
             break
         ex = str(cmd.get("ex"))
         chan.send({"t": "start", "ex": ex})

@@ -188,11 +188,12 @@ def _how_it_ended(proc: subprocess.Popen, killed: bool) -> str:
 def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subprocess.Popen], None], job: dict,
                   exercises: list[str], oracle: "Oracle | None" = None, exercise_s: float = 30.0,
                   budget_s: float = 120.0, start_s: float = 60.0,
-                  clock: Callable[[], float] = time.monotonic) -> dict[str, dict]:
+                  clock: Callable[[], float] = time.monotonic, usage: dict | None = None) -> dict[str, dict]:
     """Run the probes of `exercises` in processes started by `spawn()` (a fresh one after any that hangs or
     dies), answering replayed calls from `oracle`. Each exercise has `exercise_s` seconds, all of them
     `budget_s` (plus `start_s` for each start). Returns {exercise: {"values", "outcome", "calls"?} or
-    {"failure": why}} (why: the trusted side's words)."""
+    {"failure": why}} (why: the trusted side's words). `usage["cpu_s"]` adds up the CPU seconds the processes that
+    ended normally said they used."""
     results: dict[str, dict] = {}
     remaining = list(exercises)
     budget_end = clock() + budget_s
@@ -234,6 +235,12 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
                     results[current] = {"failure": f"its record could not be read ({e})"}
                 remaining.pop(0)
             conn.send({"t": "exit"}, clock() + 5)
+            try:  # its CPU time (the sandbox's cost, for benchmarks): a number, never part of a verdict
+                bye = conn.receive(clock() + 5)
+                if usage is not None and bye.get("t") == "bye":
+                    usage["cpu_s"] = usage.get("cpu_s", 0.0) + min(max(float(bye.get("cpu_s", 0)), 0.0), 1e6)
+            except (_Ended, TypeError, ValueError):
+                pass
         except _Ended as e:
             killed = e.why == "timeout"
             kill(proc)
@@ -532,9 +539,12 @@ class Plan:
         """Run one submission's probe job (in the sandbox `spawn` starts) and check what came back."""
         oracle = Oracle(self)
         wanted = list(exercises or self.exercises)
+        usage: dict = {}
         raw = run_probe_job(spawn, kill, job, wanted, oracle, exercise_s=min(30.0, self.timeout_s),
-                            budget_s=self.timeout_s, clock=clock)
-        return self.verdicts(raw, oracle.stats, wanted)
+                            budget_s=self.timeout_s, clock=clock, usage=usage)
+        checked = self.verdicts(raw, oracle.stats, wanted)
+        checked.cpu_s = round(usage.get("cpu_s", 0.0), 3)
+        return checked
 
     def verdicts(self, raw: dict | None, stats: dict[str, Replayed] | None = None,
                  exercises: list[str] | None = None) -> "Checked":
@@ -579,6 +589,7 @@ class Plan:
 class Checked:
     verdicts: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0  # CPU seconds the probe processes used (a measurement for benchmarks, never a verdict)
 
 
 def _describe(values: dict) -> str:

@@ -1,16 +1,21 @@
 """Autograding cost: sandbox CPU and main-process CPU per notebook, and wall time, process pool vs Dask.
 
     .venv/bin/python tests/benchmarks/bench_autograde.py [--students 20] [--workers 2] [--module 06]
-                                                         [--sandbox MODE] [--no-cluster]
+                                                         [--sandbox MODE] [--no-cluster] [--no-baseline]
+                                                         [--rounds 1]
 
 Copies the course (tracked files) to a temporary folder, generates the release, collects a class of
 correct submissions (made from the release and the source notebook), grades one (the preflight and a
-warm-up, timed apart), then grades the same N notebooks (--force) on this machine's process pool of
---workers and on a Dask LocalCluster of --workers worker processes (`--cluster local`), in this one
-process, one after the other. For each it prints the wall time, the CPU of tito's own process per
-notebook (scoring, gradebook, results; with Dask also the scheduler, which runs in this process) and the
-CPU of everything it started per notebook (workers, kernels, probe processes in their sandboxes; with
-Dask also the Dask workers themselves). `--students 2` is a smoke test. The machine's other load shows
+warm-up, timed apart), then grades the same N notebooks (--force), in this one process, interleaved for
+--rounds: on this machine's process pool of --workers with every cell run (the baseline: grading before
+cells no graded test needs were skipped), on the same pool as now, and on a Dask LocalCluster of --workers
+worker processes (`--cluster local`). For each it prints the wall time and the CPU per notebook of: each
+submission's sandbox (its grading worker and kernel, and its probe processes: each reports its own and its
+reaped children's CPU, carried back in the job's result, `Outcome.cpu_s`; bubblewrap's own tree is not
+reaped into this process's counters, so that is the only way to see it), the other processes this one
+waited for (the Dask workers), and tito's own process (scoring, gradebook, results, the probes' oracle;
+with Dask also the scheduler). It ends with the ratio of sandbox CPU, skipped vs every cell, and whether
+tito's process meets 0.05 s per notebook. `--students 2` is a smoke test. The machine's other load shows
 in the load average printed with each run: compare runs of one invocation, not across invocations.
 """
 from __future__ import annotations
@@ -47,6 +52,8 @@ def main() -> int:
     ap.add_argument("--module", default="06")
     ap.add_argument("--sandbox", default="", help="[grading] sandbox for this run (default: settings.ini's)")
     ap.add_argument("--no-cluster", action="store_true", help="only the process pool")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the baseline run with every cell run")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the runs")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tito-bench-") as tmp:
         course = Path(tmp) / "course"
@@ -71,31 +78,63 @@ def main() -> int:
         grading.autograde(settings, module, students=["student000"], workers=1)  # preflight + a warm-up
         print(f"preflight and one warm-up notebook: {time.perf_counter() - t0:.1f} s")
 
-        runs = [(f"process pool ({args.workers} workers)", None)]
+        runs = []
+        if not args.no_baseline:  # the same notebooks with every cell run: grading before cells were skipped
+            runs.append((f"pool, every cell run ({args.workers} w)", None, False))
+        runs.append((f"process pool ({args.workers} workers)", None, True))
         if not args.no_cluster:
-            runs.append((f"Dask LocalCluster ({args.workers} workers)", "local"))
-        rows = []
-        for label, cluster in runs:
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-            t0, p0, c0 = time.perf_counter(), time.process_time(), _children_cpu()
-            report = grading.autograde(settings, module, force=True, workers=args.workers, cluster=cluster)
-            wall = time.perf_counter() - t0
-            rows.append((label, wall, time.process_time() - p0, _children_cpu() - c0, load))
-            bad = [o for o in report.outcomes.values() if o.status != "graded" or o.score != o.max_score]
-            if bad:
-                print(f"unexpected results: {bad}")
-                return 1
-            seconds = [o.seconds for o in report.outcomes.values()]
-            print(f"  ({label}: the notebooks ran {min(seconds):.1f}-{max(seconds):.1f} s each in their sandboxes)")
+            runs.append((f"Dask LocalCluster ({args.workers} w)", "local", True))
+        rows = {}
+        for _ in range(args.rounds):  # interleaved: the machine's load changes alike for each
+            for label, cluster, skip in runs:
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+                t0, p0, c0 = time.perf_counter(), time.process_time(), _children_cpu()
+                report = grading.autograde(settings, module, force=True, workers=args.workers, cluster=cluster,
+                                           skip_cells=skip)
+                wall = time.perf_counter() - t0
+                outcomes = list(report.outcomes.values())
+                bad = [o for o in outcomes if o.status != "graded" or o.score != o.max_score]
+                if bad:
+                    print(f"unexpected results: {bad}")
+                    return 1
+                sandbox = [o.cpu_s for o in outcomes]
+                split = [re.search(r"notebook worker and kernel ([\d.]+) s, probe processes ([\d.]+) s",
+                                   grading.log_path(settings, module, o.student).read_text()) for o in outcomes]
+                split = [(float(m[1]), float(m[2])) for m in split if m]
+                rows.setdefault(label, []).append((wall, time.process_time() - p0, _children_cpu() - c0, sandbox, load))
+                print(f"  ({label}: the notebooks ran {min(o.seconds for o in outcomes):.1f}-"
+                      f"{max(o.seconds for o in outcomes):.1f} s each, {min(sandbox):.2f}-{max(sandbox):.2f} s CPU each "
+                      f"in their sandboxes, on average {sum(w for w, _ in split) / max(1, len(split)):.2f} s in the "
+                      f"notebook worker and kernel and {sum(p for _, p in split) / max(1, len(split)):.2f} s in the "
+                      f"probe processes; load average before: {load:.1f})")
         n = args.students
-        print(f"autograde {n} correct {module.slug} notebooks on {os.cpu_count()} cores, sandbox: {report.sandbox}")
-        for label, wall, parent, children, load in rows:
-            print(f"  {label:<32} wall {wall:7.1f} s ({wall / n:5.2f} s per notebook)   CPU per notebook: "
-                  f"sandboxes and workers {children / n:5.2f} s, tito's process {parent / n:5.3f} s   "
-                  f"(load average before: {load:.1f})")
-        pool = rows[0]
-        print(f"  a class of 500: {500 * pool[3] / n / 3600:.2f} CPU-hours in sandboxes, "
-              f"{500 * pool[2] / n / 60:.1f} min in tito's own process (the serial part)")
+        print(f"autograde {n} correct {module.slug} notebooks on {os.cpu_count()} cores, sandbox: {report.sandbox}, "
+              f"{args.rounds} round(s) interleaved in this process")
+        print("  CPU per notebook: sandbox = each submission's worker, kernel and probe processes (each measures its "
+              "own and its reaped children's); outside = other processes this one waited for (Dask workers); "
+              "tito = this process")
+        mean = {}
+        for label, rs in rows.items():
+            wall = sum(r[0] for r in rs) / len(rs)
+            parent = sum(r[1] for r in rs) / len(rs) / n
+            outside = sum(r[2] for r in rs) / len(rs) / n
+            box = sum(sum(r[3]) for r in rs) / len(rs) / n
+            mean[label] = (box, parent)
+            print(f"  {label:<30} wall {wall:6.1f} s ({wall / n:5.2f} s/nb)   CPU per notebook: sandbox {box:5.2f} s, "
+                  f"outside {outside:5.2f} s, tito {parent:6.3f} s")
+        now = mean[runs[1][0] if not args.no_baseline else runs[0][0]]
+        if not args.no_baseline:
+            base = mean[runs[0][0]]
+            ratio = now[0] / base[0] if base[0] else float("nan")
+            lo = min(min(r[3]) for r in rows[runs[1][0]]) / max(max(r[3]) for r in rows[runs[0][0]])
+            hi = max(max(r[3]) for r in rows[runs[1][0]]) / min(min(r[3]) for r in rows[runs[0][0]])
+            verdict = "met" if hi <= 0.5 else "not met" if lo > 0.5 else "too noisy to tell"
+            print(f"  sandbox CPU, cells skipped vs every cell run: {ratio:.2f}x (per-notebook range {lo:.2f}-{hi:.2f}x; "
+                  f"target at most 0.5x: {verdict})")
+        print(f"  tito's own process: {now[1]:.3f} s per notebook (target at most 0.05 s: "
+              f"{'met' if now[1] <= 0.05 else 'not met'})")
+        print(f"  a class of 500: {500 * now[0] / 3600:.2f} CPU-hours in sandboxes, "
+              f"{500 * now[1] / 60:.1f} min in tito's own process (the serial part)")
     return 0
 
 
