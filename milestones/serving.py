@@ -286,16 +286,20 @@ def main(argv=None) -> int:
         knees = {label: capacity_point(curves[label], budget) for label, _ in configs}
         for label, _ in configs:
             goodputs[label] = [within_budget(knees[label][4], budget)] if knees[label] else []
+        shares = []   # the share of one core the server (this process) got during each run at its capacity rate
         for repeat in range(1 if run.quick else 3):
             for label, _ in configs:
                 if knees[label]:
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
                     r = loads_[label].run("/v1/classify", body, rate=knees[label][0], duration=seconds, timeout=30,
                                           n_requests=int(knees[label][0] * seconds) + 1, seed=args.seed + 100 + repeat)
+                    shares.append(min(1.0, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)))
                     goodputs[label].append(within_budget(r, budget))
     cap_single, cap_batched = capacity(curves["unbatched"], budget), capacity(curves["dynamic batching"], budget)
     log(f"throughput within p99 <= {args.p99_budget_ms:g} ms: unbatched {cap_single:.0f}/s, dynamic batching "
         f"{cap_batched:.0f}/s ({cap_batched / max(cap_single, 1e-9):.1f} x)")
     cls_ratio, cls_shown = speedup(goodputs["dynamic batching"], goodputs["unbatched"], 3, "/s")
+    cls_ratio, cls_shown = starved_verdict(cls_ratio, cls_shown, shares, 3.0)
     log(f"  again at those rates, in turns: unbatched {fmt_list(goodputs['unbatched'])}, dynamic batching "
         f"{fmt_list(goodputs['dynamic batching'])} answers/s within the budget; ratio {cls_shown}")
 
@@ -452,6 +456,31 @@ def capacity_point(points, budget):
     "The run that gave the capacity (see `capacity`), or None."
     good = [p for p in points if kept_up(p, budget)]
     return max(good, key=lambda p: p[1]) if good else None
+
+
+STARVED_SHARE = 0.5   # a server that got less than half a core at its capacity rate measured the machine's load
+
+
+def starved_verdict(interval, shown: str, shares: list, target: float):
+    """The classification ratio judged only where the server had the CPU the claim is about.
+
+    Both servers' capacities within a p99 budget are set by the CPU the server gets: on a machine busy with
+    other work the server waits for a core, its p99 is mostly that wait, and the rates within the budget measure
+    the machine, not the batching (on 2 cores with 4 busy processes beside it, the server got 9-13% of a core and
+    both servers answered about 30/s). When the median share of a core the server got during the runs in turns is
+    below STARVED_SHARE, the measurement cannot decide either way: too noisy to tell (the interval is widened to
+    hold a 5% band around the target), with the share printed. Otherwise the interval is judged as measured."""
+    import numpy as np
+
+    if not shares:
+        return interval, shown
+    share = float(np.median(shares))
+    if share >= STARVED_SHARE:
+        return interval, f"{shown}; the server got a median {share:.0%} of a core"
+    widened = harness.Interval(min(interval.low, target / 1.05), max(interval.high, target * 1.05), interval.estimate)
+    return widened, (f"{shown}; but the server got a median {share:.0%} of a core at these rates (below "
+                     f"{STARVED_SHARE:.0%}: the machine's other work, not the batching, set both rates), so too noisy "
+                     f"to tell")
 
 
 def speedup(fast, slow, factor: float, unit: str) -> tuple:

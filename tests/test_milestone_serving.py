@@ -131,6 +131,11 @@ def test_speed_targets_are_intervals_with_three_outcomes():
     assert harness.judge(noisy, ">", 3.0) == harness.NOISY, noisy
     slow, _ = m.speedup([300.0, 310.0, 305.0], [228.0, 230.0, 229.0], 3, "/s")
     assert harness.judge(slow, ">", 3.0) == harness.FAIL, slow
+    # a server starved of CPU (the machine busy with other work) measured the machine: too noisy, whatever the ratio
+    starved, says = m.starved_verdict(slow, "x", [0.09, 0.11, 0.13, 0.1], 3.0)
+    assert harness.judge(starved, ">", 3.0) == harness.NOISY and "of a core" in says and "too noisy" in says, (starved, says)
+    fed, says = m.starved_verdict(slow, "x", [0.8, 0.9, 0.7, 0.95], 3.0)
+    assert fed == slow and harness.judge(fed, ">", 3.0) == harness.FAIL and "median 85% of a core" in says, says
     from types import SimpleNamespace
 
     import numpy as np
