@@ -1487,7 +1487,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 outcome.cpu_s = round(worker + probes, 3)
                 d.job.log.append(f"CPU in the sandbox: {outcome.cpu_s:.2f} s (notebook worker and kernel {worker:.2f} s, "
                                  f"probe processes {probes:.2f} s)")
-            except (TypeError, ValueError):
+            except (ValueError, TypeError):
                 outcome.cpu_s = 0.0
             record(outcome, d.job, d.sandbox)
 
