@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -253,6 +254,27 @@ def runqueue_wait() -> float | None:
         return None
 
 
+class Elapsed(float):
+    "Seconds a `Stopwatch` measured (a float), with `waited`: how many of them the main thread waited for a core."
+    waited: float = 0.0
+
+
+class Stopwatch:
+    """Wall time from its start, and the main thread's wait for a core over the same span (`runqueue_wait`):
+    `watch = harness.Stopwatch()` where the timed work begins, `seconds = watch.stop()` where it ends, and
+    `run.report(..., seconds=seconds)` judges a time limit on a busy machine with three outcomes."""
+
+    def __init__(self, clock=time.perf_counter, wait=None):
+        self.clock, self.wait = clock, wait or (lambda: runqueue_wait())
+        self.t0, self.w0 = clock(), self.wait()
+
+    def stop(self) -> Elapsed:
+        out = Elapsed(self.clock() - self.t0)
+        now = self.wait()
+        out.waited = 0.0 if now is None or self.w0 is None else min(float(out), max(0.0, now - self.w0))
+        return out
+
+
 @dataclass
 class Run:
     """A started milestone: its header, parsed flags, edition root and target."""
@@ -262,7 +284,6 @@ class Run:
     root: Path
     target: Target
     lines: list[str] = field(default_factory=list)
-    waited0: float | None = field(default_factory=lambda: runqueue_wait())
 
     @property
     def quick(self) -> bool:
@@ -312,11 +333,11 @@ class Run:
         """(an `Interval` of the run's time, seconds spent waiting for a core) for a time limit on a busy machine.
 
         The wall time is the most it took; the least is the wall time less what the main thread spent ready to
-        run while other work held every core (the run queue's wait since the Run started). On a quiet machine the
+        run while other work held every core (the run queue's wait over the same span: `seconds` from a
+        `Stopwatch`; a plain number has no wait taken out). On a quiet machine the
         two agree and the limit is met or not; on a busy one a run over the limit whose work fits within it once
         the wait is taken out is too noisy to tell, and one over it even then is not met."""
-        now = runqueue_wait()
-        waited = 0.0 if now is None or self.waited0 is None else max(0.0, now - self.waited0)
+        waited = float(getattr(seconds, "waited", 0.0))
         return Interval(max(0.0, seconds - waited), float(seconds), float(seconds)), waited
 
     def report(self, *reached: tuple, epochs: int | None = None, seconds: float | None = None,
@@ -369,7 +390,6 @@ class Run:
         if self.target.max_seconds is not None and seconds is not None:
             took, waited = self.time_taken(seconds)
             verdict = judge(took, "<", self.target.max_seconds)
-            passed = verdict == PASS
             shown = f"took {seconds:.1f} s" + (f", {waited:.1f} s of it waiting for a core while ready to run (a busy "
                                               f"machine): {took.low:.1f} s on a quiet one" if waited >= 0.5 else "")
             say(f"in under {self.target.max_seconds:g} s; {shown}", verdict)

@@ -131,10 +131,10 @@ def main(argv=None) -> int:
           f"SGD lr {args.lr}, momentum 0.9, batch {args.batch_size}, {args.epochs} epoch(s) per model"
           + ("" if args.cifar10 is None else " (the time limit applies to the digits only)"))
     print(f"MLP: {mlp.num_parameters():,} parameters; CNN: {cnn.num_parameters():,} parameters")
-    start = time.perf_counter()
+    watch = harness.Stopwatch()
     mlp_hist, mlp_s = train("MLP", mlp, train_set, test_set, args, lambda s: print(s, flush=True))
     cnn_hist, cnn_s = train("CNN", cnn, train_set, test_set, args, lambda s: print(s, flush=True))
-    seconds = time.perf_counter() - start
+    seconds = watch.stop()
 
     mlp_acc, cnn_acc = mlp_hist[-1][1], cnn_hist[-1][1]
     print(f"MLP: test accuracy {mlp_acc:.2%} with {mlp.num_parameters():,} parameters ({mlp_s:.1f} s)")

@@ -23,7 +23,6 @@ TARGET = "100% training accuracy within 50 epochs on a linearly separable set"
 GOAL = {"reach": [("training accuracy", ">=", 1.0)], "max_epochs": 50}
 
 import sys
-import time
 
 import _harness as harness  # milestones/_harness.py
 
@@ -86,7 +85,7 @@ def main(argv=None) -> int:
           f"learning rate {args.lr}; at most {args.epochs} epoch(s)")
     initial = (unit.weight.data.copy(), unit.bias.data.copy() if unit.bias is not None else None)
     history, updates, acc, epochs_run = [], 0, accuracy(), 0
-    start = time.perf_counter()
+    watch = harness.Stopwatch()
     with run.progress() as progress:
         for epoch in range(1, args.epochs + 1):
             mistakes = 0
@@ -104,7 +103,7 @@ def main(argv=None) -> int:
             progress.update(epoch, f"mistakes {mistakes:4d}   training accuracy {acc:6.1%}")
             if acc == 1.0:  # every point right: the rule makes no more updates
                 break
-    seconds = time.perf_counter() - start
+    seconds = watch.stop()
 
     w, b = unit.weight.data[0], (unit.bias.data[0] if unit.bias is not None else 0.0)
     print(f"trained {epochs_run} epoch(s), {updates} weight update(s), in {seconds:.2f} s; "

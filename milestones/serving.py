@@ -236,7 +236,7 @@ def capacity(points, budget) -> float:
 def main(argv=None) -> int:
     run = harness.start(__file__, epochs=4, quick_epochs=1, options=options, argv=argv)
     args = run.args
-    start = time.perf_counter()
+    watch = harness.Stopwatch()
 
     import sys
 
@@ -434,7 +434,7 @@ def main(argv=None) -> int:
         log("FAIL: batching changed some request's tokens")
         gen_ratio = 0.0
 
-    seconds_total = time.perf_counter() - start
+    seconds_total = watch.stop()
     run.save_plot(plot(run.pyplot(), curves, budget, gen, loads, run.title))
     return run.report(("requests answered (200 or 503) under 2x overload", answered),
                       ("Little's law agreement (server L vs client lambda x W)", agreement),

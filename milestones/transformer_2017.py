@@ -61,7 +61,7 @@ def bigram_validation_loss(train_ids, val_ids, vocab):
 def main(argv=None) -> int:
     run = harness.start(__file__, epochs=30, quick_epochs=1, options=options, argv=argv)
     args = run.args
-    start = time.perf_counter()
+    start, watch = time.perf_counter(), harness.Stopwatch()
 
     import numpy as np
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
             history.append((float(np.mean(train_losses)), validation_loss()))
             progress.update(epoch, f"train {history[-1][0]:.3f}  validation {history[-1][1]:.3f}  "
                                    f"bigram {bigram:.3f}  ({time.perf_counter() - start:.0f} s)")
-    seconds = time.perf_counter() - start
+    seconds = watch.stop()
     val = history[-1][1]
     print(f"trained {args.epochs} epoch(s) in {seconds:.1f} s: validation loss {val:.4f} vs the bigram's {bigram:.4f}")
 
