@@ -383,8 +383,8 @@ class Run:
             threshold = base_value.total if isinstance(base_value, Times) else base_value
             verdict = judge(value, ">" if better == "higher" else "<", threshold)
             fmt = lambda v: f"{v:.4g}{unit}"  # noqa: E731
-            reached = shown or f"{_shown(value, fmt)} vs {_shown(base_value, fmt)}"
-            say(f"{label} {better} than {base_label}'s; reached {reached}", verdict)
+            text = shown or f"{_shown(value, fmt)} vs {_shown(base_value, fmt)}"
+            say(f"{label} {better} than {base_label}'s; reached {text}", verdict)
         if self.target.max_epochs is not None and epochs is not None:
             say(f"within {self.target.max_epochs} epochs; took {epochs}", PASS if epochs <= self.target.max_epochs else FAIL)
         if self.target.max_seconds is not None and seconds is not None:

@@ -5,6 +5,7 @@ measurement the target names, a report line per condition and the plot; it must 
 Both ways of running a load (`served(app, "process")` and `"in-process"`) are checked on a small model in seconds."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,12 @@ def test_quick_run_reports_every_measurement(tmp_path):
                   "target: in under 300 s", "saved plot"):
         assert words in text, f"the milestone's output lacks {words!r}:\n{text[-3000:]}"
     assert out.is_file() and (tmp_path / "serving_digits.npz").is_file()
+    # the verdict reached the result record, and the exit code is the verdict's (a traceback also exits 1)
+    assert "Traceback" not in text, text[-3000:]
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert proc.returncode == {harness.PASS: 0, harness.FAIL: 1, harness.NOISY: harness.NOISY_EXIT}[result["verdict"]], \
+        (proc.returncode, result["verdict"])
+    assert len(result["reached"]) == 2 and len(result["beats"]) == 3, result
 
 
 def _script():
