@@ -727,3 +727,25 @@ def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
     nb.cells[tests[0]].metadata["tags"] = [SKIP_TAG]
     skip = skipped_when_grading(nb)
     assert str(plain) in skip and str(sol) not in skip and str(tests[0]) not in skip
+
+
+# ------------------------------------------------------------------ tito's own cost per notebook, the kernel's startup
+
+
+def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):
+    """The worker's kernel binds `import matplotlib.pyplot` lazily: a notebook whose plots are skipped when grading
+    never pays for pyplot (and its font cache); a cell that plots still gets its figure."""
+    from tito import grade_worker
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "import sys\nimport matplotlib.pyplot as plt\nprint('loaded', 'matplotlib.figure' in sys.modules)",
+        "plt.plot([1, 2]); plt.show()\nprint('loaded', 'matplotlib.figure' in sys.modules)")]
+    job = {"notebook": nbformat.writes(nb), "files": {}, "workdir": str(tmp_path / "w"), "deadline_s": 120,
+           "cell_timeout_s": 60}
+    out = nbformat.reads(grade_worker.run(job)["notebook"], as_version=4)
+    texts = ["".join(o.get("text", "") for o in c.outputs) for c in out.cells]
+    assert texts[0] == "loaded False\n", texts
+    assert "loaded True" in texts[1], texts
+    assert any("image/png" in o.get("data", {}) for o in out.cells[1].outputs), out.cells[1].outputs
+    assert not [n for c in out.cells for o in c.outputs if o.output_type == "stream" for n in [o.text] if "tito" in n]
