@@ -732,6 +732,40 @@ def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
 # ------------------------------------------------------------------ tito's own cost per notebook, the kernel's startup
 
 
+def test_results_file_is_written_in_batches_and_at_flush(tmp_path):
+    from types import SimpleNamespace
+
+    from tito.grading import Outcome, ResultsSaver, results_path
+
+    settings = SimpleNamespace(nbgrader_root=tmp_path / "nbgrader")
+    module = SimpleNamespace(slug="02_activations")
+    now = [0.0]
+    results: dict = {}
+    saver = ResultsSaver(settings, module, results, every_s=2.0, clock=lambda: now[0])
+    path = results_path(settings, module)
+
+    def on_disk() -> list[str]:
+        return sorted(json.loads(path.read_text())["students"]) if path.exists() else []
+
+    results["a"] = Outcome("a", 1, 1)
+    saver.changed()  # the first result goes to disk at once
+    assert on_disk() == ["a"]
+    now[0] = 1.0
+    results["b"] = Outcome("b", 1, 1)
+    saver.changed()  # within 2 s of the last write: held
+    assert on_disk() == ["a"]
+    now[0] = 2.5
+    results["c"] = Outcome("c", 1, 1)
+    saver.changed()
+    assert on_disk() == ["a", "b", "c"]
+    now[0] = 3.0
+    results["d"] = Outcome("d", 1, 1)
+    saver.changed()
+    assert on_disk() == ["a", "b", "c"]
+    saver.flush()  # the end of a run (also an interrupted one)
+    assert on_disk() == ["a", "b", "c", "d"]
+
+
 def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):
     """The worker's kernel binds `import matplotlib.pyplot` lazily: a notebook whose plots are skipped when grading
     never pays for pyplot (and its font cache); a cell that plots still gets its figure."""
