@@ -1178,12 +1178,13 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
             and p.suffix != ".pyc" and p.resolve() not in excluded]
     # given code (modules/common notebooks) belongs to no module: it goes with the submission only when every
     # package file it imports goes too (the serving engine needs module 13's GPT, so module 01's kernel lacks it)
+    imports = {p: package_imports(p, root) for p in kept if p.suffix == ".py"}  # each file parsed once
     changed = True
     while changed:
         present = {p.resolve() for p in kept}
         changed = False
         for p in list(kept):
-            if p.suffix == ".py" and any(dep not in present for dep in package_imports(p, root)):
+            if p.suffix == ".py" and any(dep not in present for dep in imports[p]):
                 kept.remove(p)
                 changed = True
     return {str(p.relative_to(root)): base64.b64encode(p.read_bytes()).decode() for p in kept}
