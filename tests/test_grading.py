@@ -727,3 +727,59 @@ def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
     nb.cells[tests[0]].metadata["tags"] = [SKIP_TAG]
     skip = skipped_when_grading(nb)
     assert str(plain) in skip and str(sol) not in skip and str(tests[0]) not in skip
+
+
+# ------------------------------------------------------------------ tito's own cost per notebook, the kernel's startup
+
+
+def test_results_file_is_written_in_batches_and_at_flush(tmp_path):
+    from types import SimpleNamespace
+
+    from tito.grading import Outcome, ResultsSaver, results_path
+
+    settings = SimpleNamespace(nbgrader_root=tmp_path / "nbgrader")
+    module = SimpleNamespace(slug="02_activations")
+    now = [0.0]
+    results: dict = {}
+    saver = ResultsSaver(settings, module, results, every_s=2.0, clock=lambda: now[0])
+    path = results_path(settings, module)
+
+    def on_disk() -> list[str]:
+        return sorted(json.loads(path.read_text())["students"]) if path.exists() else []
+
+    results["a"] = Outcome("a", 1, 1)
+    saver.changed()  # the first result goes to disk at once
+    assert on_disk() == ["a"]
+    now[0] = 1.0
+    results["b"] = Outcome("b", 1, 1)
+    saver.changed()  # within 2 s of the last write: held
+    assert on_disk() == ["a"]
+    now[0] = 2.5
+    results["c"] = Outcome("c", 1, 1)
+    saver.changed()
+    assert on_disk() == ["a", "b", "c"]
+    now[0] = 3.0
+    results["d"] = Outcome("d", 1, 1)
+    saver.changed()
+    assert on_disk() == ["a", "b", "c"]
+    saver.flush()  # the end of a run (also an interrupted one)
+    assert on_disk() == ["a", "b", "c", "d"]
+
+
+def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):
+    """The worker's kernel binds `import matplotlib.pyplot` lazily: a notebook whose plots are skipped when grading
+    never pays for pyplot (and its font cache); a cell that plots still gets its figure."""
+    from tito import grade_worker
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "import sys\nimport matplotlib.pyplot as plt\nprint('loaded', 'matplotlib.figure' in sys.modules)",
+        "plt.plot([1, 2]); plt.show()\nprint('loaded', 'matplotlib.figure' in sys.modules)")]
+    job = {"notebook": nbformat.writes(nb), "files": {}, "workdir": str(tmp_path / "w"), "deadline_s": 120,
+           "cell_timeout_s": 60}
+    out = nbformat.reads(grade_worker.run(job)["notebook"], as_version=4)
+    texts = ["".join(o.get("text", "") for o in c.outputs) for c in out.cells]
+    assert texts[0] == "loaded False\n", texts
+    assert "loaded True" in texts[1], texts
+    assert any("image/png" in o.get("data", {}) for o in out.cells[1].outputs), out.cells[1].outputs
+    assert not [n for c in out.cells for o in c.outputs if o.output_type == "stream" for n in [o.text] if "tito" in n]

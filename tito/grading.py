@@ -32,6 +32,7 @@ puts this Python's `bin` folder first on PATH.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import copy
 import datetime as dt
@@ -46,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unicodedata
 import zipfile
@@ -324,7 +326,107 @@ def generate(settings: Settings, module: Module) -> Path:
     return out
 
 
+_RUN = threading.local()  # this thread's grading run: the gradebook it shares (run_gradebook)
+
+
+class _SharedUse:
+    """One use of the run's gradebook, as `with Gradebook(...) as gb` would be, without a new engine and session:
+    what the use did not commit is rolled back at its end (as closing would), and everything loaded is expired,
+    so the next use reads the database afresh (nbgrader's preprocessors write through gradebooks of their own)."""
+
+    def __init__(self, gb) -> None:
+        self.gb = gb
+
+    def __enter__(self):
+        return self.gb
+
+    def __exit__(self, *exc) -> None:
+        self.gb.db.rollback()
+        self.gb.db.expire_all()
+
+
+@contextlib.contextmanager
+def run_gradebook(settings: Settings):
+    """For this thread, until the block ends: one gradebook shared by every `_gradebook(settings)` (a grading run
+    opened one per use: about 30 ms of tito's CPU each, several per submission)."""
+    outer = getattr(_RUN, "gradebook", None)
+    with _new_gradebook(settings) as gb:
+        _RUN.gradebook = (db_url(settings), gb)
+        try:
+            yield gb
+        finally:
+            _RUN.gradebook = outer
+
+
 def _gradebook(settings: Settings):
+    shared = getattr(_RUN, "gradebook", None)
+    if shared is not None and shared[0] == db_url(settings):
+        return _SharedUse(shared[1])
+    return _new_gradebook(settings)
+
+
+def _shared_for(resources) -> "object | None":
+    shared = getattr(_RUN, "gradebook", None)
+    return shared[1] if shared is not None and shared[0] == resources["nbgrader"]["db_url"] else None
+
+
+def _overwrite_cells():
+    """nbgrader's OverwriteCells, on the run's gradebook when there is one (its own preprocess opens a new one)."""
+    from nbgrader.preprocessors import OverwriteCells
+    from nbgrader.preprocessors.base import NbGraderPreprocessor
+
+    class SharedOverwriteCells(OverwriteCells):
+        def preprocess(self, nb, resources):
+            gb = _shared_for(resources)
+            if gb is None:
+                return super().preprocess(nb, resources)
+            self.notebook_id = resources["nbgrader"]["notebook"]
+            self.assignment_id = resources["nbgrader"]["assignment"]
+            self.db_url = resources["nbgrader"]["db_url"]
+            self.gradebook = gb
+            with _SharedUse(gb):  # nbgrader 0.9's OverwriteCells.preprocess, with this gradebook
+                nb, resources = NbGraderPreprocessor.preprocess(self, nb, resources)
+                if self.add_missing_cells:
+                    nb, resources = self.add_missing_grade_cells(nb, resources)
+                    nb, resources = self.add_missing_task_cells(nb, resources)
+            return nb, resources
+
+    return SharedOverwriteCells()
+
+
+def _assign_late_penalties():
+    """nbgrader's AssignLatePenalties, on the run's gradebook when there is one (its own preprocess opens a new one)."""
+    from nbgrader.preprocessors import AssignLatePenalties
+
+    class SharedAssignLatePenalties(AssignLatePenalties):
+        def preprocess(self, nb, resources):
+            gb = _shared_for(resources)
+            if gb is None:
+                return super().preprocess(nb, resources)
+            self.notebook_id = resources["nbgrader"]["notebook"]
+            self.assignment_id = resources["nbgrader"]["assignment"]
+            self.student_id = resources["nbgrader"]["student"]
+            self.db_url = resources["nbgrader"]["db_url"]
+            self.init_plugin()
+            self.gradebook = gb
+            with _SharedUse(gb):  # nbgrader 0.9's AssignLatePenalties.preprocess, with this gradebook
+                submission = gb.find_submission(self.assignment_id, self.student_id)
+                notebook = gb.find_submission_notebook(self.notebook_id, self.assignment_id, self.student_id)
+                notebook.late_submission_penalty = None  # reset to None (zero)
+                if submission.total_seconds_late > 0:
+                    self.log.warning("{} is {} seconds late".format(submission, submission.total_seconds_late))
+                    penalty = self.plugin_inst.late_submission_penalty(self.student_id, notebook.score,
+                                                                       submission.total_seconds_late)
+                    self.log.warning("Late submission penalty: {}".format(penalty))
+                    if penalty is not None:
+                        notebook.late_submission_penalty = self._check_late_penalty(notebook, penalty)
+                gb.db.commit()
+            return nb, resources
+
+    return SharedAssignLatePenalties()
+
+
+def _new_gradebook(settings: Settings):
     import warnings
 
     from nbgrader.api import Gradebook
@@ -671,6 +773,28 @@ def save_results(settings: Settings, module: Module, results: dict[str, Outcome]
     return path
 
 
+class ResultsSaver:
+    """The results file of a run, rewritten (atomically) when a result changed and `every_s` seconds have passed
+    since the last write, and by `flush()` (at the end of a run, also an interrupted one): a class of 500 rewrote
+    the whole file after every submission. What is not on disk yet when tito is killed is graded again next run."""
+
+    def __init__(self, settings: Settings, module: Module, results: dict[str, "Outcome"], every_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.module, self.results, self.every_s, self.clock = settings, module, results, every_s, clock
+        self.last: float | None = None
+        self.dirty = False
+
+    def changed(self) -> None:
+        self.dirty = True
+        if self.last is None or self.clock() - self.last >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.dirty:
+            save_results(self.settings, self.module, self.results)
+            self.dirty, self.last = False, self.clock()
+
+
 # ------------------------------------------------------------------ one submission: prepare and finish
 
 
@@ -753,7 +877,7 @@ def _repair_other_metadata(nb, release) -> list[str]:
 def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str,
             plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True) -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
-    from nbgrader.preprocessors import ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
+    from nbgrader.preprocessors import ClearOutput, DeduplicateIds, OverwriteKernelspec
 
     sub_dir = settings.nbgrader_root / "submitted" / student / module.slug
     job = Job(student, _fingerprint(sub_dir, release_bytes, salt))
@@ -790,7 +914,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         job.log += [f"  - {p}" for p in details + other]
     resources = _resources(settings, module, student)
     try:
-        for pp in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), OverwriteCells()):
+        for pp in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), _overwrite_cells()):
             nb, resources = pp.preprocess(nb, resources)
         copies = _drop_emptied_metadata(nb)
         if copies:
@@ -972,7 +1096,7 @@ def restore_trusted_cells(nb, prepared) -> None:
 
 def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None) -> Outcome:
     """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
-    from nbgrader.preprocessors import AssignLatePenalties, LimitOutput
+    from nbgrader.preprocessors import LimitOutput
 
     g = GradingSettings.load(settings)
     nb = nbformat.reads(result["notebook"], as_version=4)
@@ -1003,7 +1127,7 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
     with _gradebook(settings) as gb:  # one session, one commit for the scores
         nb, resources = TitoSaveAutoGrades(gradebook=gb).preprocess(nb, resources)
         gb.db.commit()
-    nb, resources = AssignLatePenalties().preprocess(nb, resources)
+    nb, resources = _assign_late_penalties().preprocess(nb, resources)
     with _gradebook(settings) as gb:
         if status != GRADED:
             _flag_grades(gb, module, job.student, job.review_ids if status == REVIEW else None, zero=False)
@@ -1054,12 +1178,13 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
             and p.suffix != ".pyc" and p.resolve() not in excluded]
     # given code (modules/common notebooks) belongs to no module: it goes with the submission only when every
     # package file it imports goes too (the serving engine needs module 13's GPT, so module 01's kernel lacks it)
+    imports = {p: package_imports(p, root) for p in kept if p.suffix == ".py"}  # each file parsed once
     changed = True
     while changed:
         present = {p.resolve() for p in kept}
         changed = False
         for p in list(kept):
-            if p.suffix == ".py" and any(dep not in present for dep in package_imports(p, root)):
+            if p.suffix == ".py" and any(dep not in present for dep in imports[p]):
                 kept.remove(p)
                 changed = True
     return {str(p.relative_to(root)): base64.b64encode(p.read_bytes()).decode() for p in kept}
@@ -1237,6 +1362,7 @@ class WorkerPool:
         self.box, self.size, self.files, self.g, self.plan = box, max(1, size), files, g, plan
         self.first_slot = first_slot  # a Dask worker's threads share one sandbox: each its own slots
         self.running: list[Running] = []
+        self.files_json: str | None = None
         self.scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
         os.chmod(self.scratch, 0o700)
 
@@ -1251,10 +1377,13 @@ class WorkerPool:
         out, errf = self.scratch / f"{job.student}.out", self.scratch / f"{job.student}.err"
         workdir = (f"{box.workdir_base()}/{job.student}" if box.workdir_base()
                    else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
-        payload = json.dumps({"notebook": nbformat.writes(job.notebook), "files": self.files, "workdir": workdir,
-                              "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
-                              "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
-                              "skip": job.skip})
+        if self.files_json is None:  # the package (a few MB of base64) encoded once per run, not per submission
+            self.files_json = json.dumps(self.files)
+        rest = json.dumps({"notebook": nbformat.writes(job.notebook), "workdir": workdir,
+                           "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
+                           "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
+                           "skip": job.skip})
+        payload = '{"files": ' + self.files_json + ", " + rest[1:]
         cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
         # the job goes in as an open file (in this run's root-only scratch folder, unlinked at once): starting a
         # worker never waits for it to read a pipe, so the next submission starts at once
@@ -1432,6 +1561,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     total = len(todo)
     left: list[str] = []
     run_notes: list[str] = []
+    saver = ResultsSaver(settings, module, results)
     try:
         if cluster:
             plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout) if todo else None
@@ -1467,7 +1597,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             atomic_write_text(log, "\n".join(head + job.log) + "\n")
             outcome.log = str(log.relative_to(settings.root))
             results[outcome.student] = outcome
-            save_results(settings, module, results)
+            saver.changed()
             graded_now.append(outcome.student)
             if on_event:
                 on_event("done", outcome, len(graded_now), total)
@@ -1496,14 +1626,16 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             for note in run_notes + ([f"removed from the results (no submission any more): {', '.join(pruned)}"]
                                      if pruned else []):
                 on_event(note, None, 0, total)
-        while executor is not None and (queue or executor.busy()) and not stop:
-            while queue and executor.room() and not stop:
-                job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files, record,
-                                skip_cells)
-                if job is not None:
-                    executor.submit(job)
-            executor.wait(on_done)
+        with run_gradebook(settings):  # one gradebook for the run's prepares and scorings (this thread's)
+            while executor is not None and (queue or executor.busy()) and not stop:
+                while queue and executor.room() and not stop:
+                    job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files,
+                                    record, skip_cells)
+                    if job is not None:
+                        executor.submit(job)
+                executor.wait(on_done)
     finally:
+        saver.flush()  # every result recorded so far is on disk, also when interrupted
         left = executor.close() if executor is not None else []
         interrupted = left + list(queue) if stop or left else []
         for sig, h in old_handlers.items():
