@@ -343,3 +343,17 @@ def test_the_student_writes_the_title_algorithms_and_a_sixth_of_the_code(number)
         for name in names:
             assert "### BEGIN SOLUTION" in _function_source(source, name), \
                 f"{module.slug}: {name} in tinytorch/{rel} has no solution region: it is given, not the student's"
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.slug)
+def test_exercises_are_numbered_in_the_order_a_student_meets_them(module):
+    """Issue 29: the graded test cells name exercises N.1, N.2, ... in the notebook's order (17.6 and 17.7 once came
+    before 17.1), none skipped."""
+    met = []
+    for c in nbs.read(module.notebook).cells:
+        if c.cell_type == "code" and nbs.is_test_cell(c):
+            for number, k in re.findall(r"Exercise (\d+)\.(\d+)", c.source.split("\n")[0]):
+                assert int(number) == int(module.number), f"{module.slug}: a test cell names Exercise {number}.{k}"
+                if int(k) not in met:
+                    met.append(int(k))
+    assert met == list(range(1, len(met) + 1)), f"{module.slug}: exercises met in the order {met}"
