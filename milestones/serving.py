@@ -466,8 +466,8 @@ def starved_verdict(interval, shown: str, shares: list, target: float):
 
     Both servers' capacities within a p99 budget are set by the CPU the server gets: on a machine busy with
     other work the server waits for a core, its p99 is mostly that wait, and the rates within the budget measure
-    the machine, not the batching (on 2 cores with 4 busy processes beside it, the server got 9-13% of a core and
-    both servers answered about 30/s). When the median share of a core the server got during the runs in turns is
+    the machine, not the batching (on 2 cores with 4 busy processes beside it, the server got 9-13% of a core under
+    overload, and both servers answered 17-40 requests/s within the budget). When the median share of a core the server got during the runs in turns is
     below STARVED_SHARE, the measurement cannot decide either way: too noisy to tell (the interval is widened to
     hold a 5% band around the target), with the share printed. Otherwise the interval is judged as measured."""
     import numpy as np

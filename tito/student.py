@@ -240,5 +240,5 @@ Ctrl-C stops it at once. Your progress is in `.tito/progress.json`.
 
 `quarto/` holds the lab guide: every module's narrative, the glossary and the measured results.
 `tito guide build` builds it as HTML, offline (it needs Quarto, or `pip install "jupyter-book<2"`);
-`tito guide pdf` prints it to one PDF.
+`tito guide pdf` prints it to one PDF (with headless Chromium).
 """

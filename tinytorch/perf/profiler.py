@@ -198,7 +198,7 @@ class FlopCounter:
 
 
 def count_flops(model, *inputs) -> FlopCount:
-    """The forward FLOPs of `model(*inputs)`, counted from the op records.
+    """The forward FLOPs of one call of `model` on `inputs`, counted from the op records.
 
     TODO (Exercise 14.3b): run the forward pass once, without building a graph, with a
     `FlopCounter` observing every op; return the totals as a `FlopCount`.
@@ -488,14 +488,14 @@ class Profiler:
         HINTS: `input_shapes`, `op_flops`, `op_bytes`, `Event`.
         """
         ### BEGIN SOLUTION
-        now = time.perf_counter_ns()
-        gap = now - self._last
+        end = time.perf_counter_ns()           # this op ran from the last reading until now
+        gap = end - self._last
         self._op_ns += gap
-        shapes = input_shapes(node)
-        flops, other = op_flops(node.op, shapes, node.shape)
+        in_shapes = input_shapes(node)
+        flops, other = op_flops(node.op, in_shapes, node.shape)
         read, written = op_bytes(node.op, [None if t is None else t.data for t in node.inputs], out.data)
         module = self._stack[-1] if self._stack else ""
-        self.events.append(Event(node.op, module, shapes, node.shape, node.dtype, self._last - self._t0, gap,
+        self.events.append(Event(node.op, module, in_shapes, node.shape, node.dtype, self._last - self._t0, gap,
                                  flops, other, read, written))
         self._last = time.perf_counter_ns()
         ### END SOLUTION

@@ -101,11 +101,11 @@ class AdmissionController:
         TODO (Exercise 20.2, part 2): refuse at once rather than queue without bound.
 
         CONTRACT, in this order:
-        - the system is full (`in_system >= max_in_system`): count the request in `rejected`,
-          return False;
+        - the system is full (`in_system >= max_in_system`): count the request in `rejected` and
+          refuse it (the answer is False);
         - `max_wait` is set and `predicted_wait(seconds_per_request)` is **longer** than it: count
-          it in `late`, return False;
-        - otherwise count it in (`in_system` and `admitted` grow by one) and return True.
+          it in `late` and refuse it;
+        - otherwise count it in (`in_system` and `admitted` grow by one) and admit it (True).
         A refusal leaves `in_system` unchanged.
         EXAMPLE: `AdmissionController(2)`: True, True, then False while neither is released.
         `AdmissionController(10, max_wait=0.12)` with 3 in the system: `try_admit(0.05)` is False

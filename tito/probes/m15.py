@@ -9,24 +9,10 @@ replaced by stand-ins that count what they are given (data, not a calibration). 
 several parameters, 15.5 near-ties, where the order of the roundings decides (PyTorch's per-tensor fused
 multiply-add, its per-channel multiply-then-add).
 """
-import contextlib
 
 import numpy as np
 
-from . import probe
-
-
-@contextlib.contextmanager
-def _replaced(obj, **stand_ins):
-    "Replace attributes of `obj` (the quantization module, a class) while the probe runs; put them back after."
-    saved = {name: getattr(obj, name) for name in stand_ins}
-    for name, value in stand_ins.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(obj, name, value)
+from . import probe, replaced
 
 
 @probe("15.1", rtol=0, atol=0)
@@ -319,8 +305,8 @@ def ptq(rng, rec):
 
     net = Sequential(Linear(6, 5, rng=int(rng.integers(0, 2 ** 30))), ReLU(), Linear(5, 3, rng=int(rng.integers(0, 2 ** 30))))
     batches = [rng.standard_normal((int(n), 6)).astype(np.float32) for n in rng.integers(1, 8, 3)]
-    with _replaced(quantization, Observer=_Counting), \
-            _replaced(quantization.QuantizedLinear, from_float=classmethod(lambda cls, *a: Converted(*a))):
+    with replaced(quantization, Observer=_Counting), \
+            replaced(quantization.QuantizedLinear, from_float=classmethod(lambda cls, *a: Converted(*a))):
         modes = []
         watch = net.layers[0].register_forward_hook(lambda m, args, out: modes.append([bool(m.training),
                                                                                        bool(out.requires_grad)]))

@@ -6,9 +6,8 @@ only up to the signs of the singular vectors: they are compared here, in the tru
 and their row norms."""
 import numpy as np
 
-import contextlib
 
-from . import Probe, compare, probe
+from . import Probe, compare, probe, replaced
 
 
 def _weights(layer):
@@ -49,18 +48,6 @@ def global_masks(rng, rec):
     rec.call("bad", global_magnitude_masks, ws, 1.0)
 
 
-@contextlib.contextmanager
-def _replaced(obj, **stand_ins):
-    saved = {name: getattr(obj, name) for name in stand_ins}
-    for name, value in stand_ins.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(obj, name, value)
-
-
 @probe("16.3", messages=True)
 def masks(rng, rec):
     from tinytorch.core.activations import ReLU
@@ -92,7 +79,7 @@ def masks(rng, rec):
               for x in weights]
         drawn.setdefault("global", []).append(len(ms))
         return ms
-    with _replaced(compression, magnitude_mask=stand_in_layer, global_magnitude_masks=stand_in_global):
+    with replaced(compression, magnitude_mask=stand_in_layer, global_magnitude_masks=stand_in_global):
         for scope in ("layer", "global"):
             net = Sequential(Linear(5, 7, rng=int(rng.integers(0, 2 ** 30))), ReLU(), Linear(7, 3, rng=1))
 
