@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import _harness as harness
+from tests.support.milestone import assert_exit_code_follows_verdict, assert_target_met
 from tito import milestones as ms
 from tito.commands.milestone import app
 from tito.course import CourseError, Settings, get_module
@@ -392,7 +393,7 @@ def test_perceptron_meets_its_target(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(PERCEPTRON), "--samples", "80", "--epochs", "50", "--seed", "1", "--out", str(out)],
         cwd=ROOT, env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert_target_met(proc)
     assert "target: >= 100% training accuracy; reached 100.0%: PASS" in proc.stdout, proc.stdout
     assert "target: within 50 epochs; took" in proc.stdout and proc.stdout.rstrip().endswith(")"), proc.stdout
     assert "epoch   1/50 [" in proc.stdout, "expected a text progress line per epoch when not on a terminal"
@@ -407,10 +408,7 @@ def test_perceptron_exit_code_follows_the_target(tmp_path):
     proc = subprocess.run([sys.executable, str(PERCEPTRON), "--samples", "200", "--epochs", "1", "--seed", "97",
                            "--out", str(out)],
                           cwd=ROOT, env=env_for(ROOT, MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120)
-    last = proc.stdout.rstrip().splitlines()[-1]
-    met = ": PASS (" in last
-    assert met or ": FAIL (" in last, proc.stdout + proc.stderr
-    assert proc.returncode == (0 if met else 1), f"exit code {proc.returncode} but the script printed:\n{proc.stdout}"
+    assert_exit_code_follows_verdict(proc)
     assert out.exists()
 
 
@@ -447,7 +445,7 @@ def test_xor_single_layer_fails_and_mlp_solves_it(tmp_path):
     ready_08_or_skip("xor")
     out = tmp_path / "xor.png"
     proc = run_script(XOR, "--seed", "1", "--out", out)
-    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert_target_met(proc)
     assert "target: >= 100% two-layer MLP accuracy; reached 100.0%: PASS" in proc.stdout, proc.stdout
     single = [line for line in proc.stdout.splitlines() if line.startswith("target: <= 75% single-layer accuracy")]
     assert single and single[0].endswith(": PASS"), proc.stdout
@@ -471,7 +469,7 @@ def test_mlp_reaches_95_percent_on_the_digits(tmp_path):
     ready_08_or_skip("mlp")
     out = tmp_path / "mlp.png"
     proc = run_script(MLP, "--out", out)
-    assert proc.returncode == 0, f"exit code {proc.returncode}, expected 0 (target met)\n{proc.stdout}\n{proc.stderr}"
+    assert_target_met(proc)
     line = next(l for l in proc.stdout.splitlines() if l.startswith("target: >= 95% test accuracy; reached "))
     reached = float(line.split("reached ")[1].split("%")[0])
     assert reached >= 95.0 and line.endswith(": PASS"), line
@@ -484,9 +482,8 @@ def test_mlp_reaches_95_percent_on_the_digits(tmp_path):
 def test_mlp_quick_run_exit_code_follows_the_target(tmp_path):
     ready_08_or_skip("mlp")
     proc = run_script(MLP, "--quick", "--hidden", "16", "--out", tmp_path / "q.png")
-    last = proc.stdout.rstrip().splitlines()[-1]
     assert "epoch   3/3 [" in proc.stdout, proc.stdout + proc.stderr
-    assert proc.returncode == (0 if ": PASS (" in last else 1), f"exit code {proc.returncode} after:\n{proc.stdout}"
+    assert_exit_code_follows_verdict(proc)
 
 
 @pytest.mark.slow
@@ -516,7 +513,7 @@ def test_transformer_quick_run_trains_reports_and_generates(tmp_path):
     assert not missing, ms.explain(ROOT, missing)
     out = tmp_path / "gpt.png"
     proc = run_script(TRANSFORMER, "--quick", "--length", "40", "--prompt", "Once", "--out", out)
-    assert proc.returncode in (0, 1), f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert_exit_code_follows_verdict(proc)
     assert "baseline: bigram counts with add-" in proc.stdout, proc.stdout
     assert "target: validation loss lower than a bigram model's; reached " in proc.stdout, proc.stdout
     assert "target: in under 300 s; took " in proc.stdout, proc.stdout
@@ -725,7 +722,7 @@ def test_run_all_runs_every_ready_milestone_and_ends_in_one_table():
     table = out.split("\nyear  milestone", 1)
     assert len(table) == 2, f"no summary table:\n{out}"
     for m in ms.discover(ROOT):
-        status = r"(PASS|FAIL)" if m in ready else "skipped"
+        status = r"(PASS|FAIL|NOISY)" if m in ready else "skipped"  # NOISY: a busy CI machine, not a failure
         assert re.search(rf"{m.year}\s+{m.name}\s+{status}", table[1]), (m.name, table[1])
         if m in ready:
             assert m.target in table[1] and f"=== {m.year} {m.name} ===" in table[0], m.name
