@@ -29,9 +29,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.support.serving import (FakeClock, Gated, at_the_context_limit, check_calls, queues, ref_admit, ref_schedule,
+from tests.support.serving import (FakeClock, Gate, Gated, at_the_context_limit, check_calls, queues, ref_admit, ref_schedule,
                                    ref_batch_window, ref_slot_mapping, ref_time_average, run, solo_tokens, tiny_gpt,
-                                   until, workloads)
+                                   open_all_gates, until, workloads)
 from tests.support.strategies import property_settings
 from tinytorch.core.layers import Module
 from tinytorch.core.tensor import Tensor
@@ -75,6 +75,8 @@ class served:
         return self.client
 
     async def __aexit__(self, *exc):
+        if exc[0] is not None:
+            open_all_gates()   # a failed test must not leave the drain below waiting on work it held
         await self.client.aclose()
         await self.life.__aexit__(*exc)
 
@@ -814,6 +816,10 @@ def test_overload_gets_503_with_retry_after_at_once():
             st_ = app.state.serving
             model.gate.clear()
             tasks = await send_one_by_one(client, st_, 8)
+            ac = st_.cls_admission
+            assert (ac.admitted, ac.rejected) == (2, 6), (
+                f"max_queue=2 and the first two still in service: the other six must be refused at once (the system "
+                f"is full when in_system >= max_in_system); admitted {ac.admitted}, rejected {ac.rejected}")
             refused = [t for t in tasks[2:]]
             await until(lambda: all(t.done() for t in refused), "the six refusals answered while two are in service",
                         watch=tasks[:2])
@@ -1323,8 +1329,7 @@ def test_retry_after_for_generation_is_within_20_percent_of_the_measured_wait():
     gpt = tiny_gpt(0, context=32)
     app = create_app(gpt=gpt, gen_max_batch_size=4, gen_max_queue=12, block_size=4, clock=clock)
     batcher = app.state.serving.engine.batcher
-    gate = threading.Event()
-    gate.set()
+    gate = Gate()
     real_step = batcher.step
 
     def step():                        # runs on the engine's worker thread
@@ -1343,7 +1348,14 @@ def test_retry_after_for_generation_is_within_20_percent_of_the_measured_wait():
             gate.clear()                           # the 12 stay in the system until the refusal has been answered
             tasks = [asyncio.create_task(client.post("/v1/generate", json=body)) for _ in range(12)]
             await until(lambda: st_.gen_admission.in_system == 12, "twelve generations admitted", watch=tasks)
-            refused = await client.post("/v1/generate", json=body)
+            ac = st_.gen_admission
+            before = ac.admitted, ac.rejected
+            refusal = asyncio.create_task(client.post("/v1/generate", json=body))
+            await until(lambda: (ac.admitted, ac.rejected) != before or refusal.done(), "a decision on the 13th")
+            assert ac.admitted == before[0], (
+                f"gen_max_queue=12 and twelve generations in the system: the 13th must be refused at once (the system "
+                f"is full when in_system >= max_in_system); it was admitted (in_system {ac.in_system})")
+            refused = await refusal
             t0 = clock()
             gate.set()
             answers = await asyncio.gather(*tasks)
@@ -1374,7 +1386,7 @@ def test_a_client_that_disconnects_aborts_its_generation_and_frees_its_blocks():
     app = create_app(gpt=gpt, gen_max_batch_size=4, block_size=4, max_new_tokens_limit=40)
     st_ = app.state.serving
     batcher = st_.engine.batcher
-    gate = threading.Event()
+    gate = Gate()
     real_step = batcher.step
     steps = [0]
 

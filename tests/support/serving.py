@@ -18,6 +18,7 @@ import asyncio
 import math
 import threading
 import time
+import weakref
 
 import numpy as np
 from hypothesis import strategies as st
@@ -45,6 +46,26 @@ class FakeClock:
             self.t += seconds
 
 
+class Gate(threading.Event):
+    """Open, until the test closes it (`clear`) to hold work inside the server. A test that fails while a gate is
+    closed would leave that work waiting, and the server's drain on the way out with it (the wrong answer then
+    reads as a hang at the time limit): every gate opens when a wait of the test fails (`until`) or a served app's
+    block ends in an error (`open_all_gates`), so the failure is reported at once, with its own message."""
+
+    _every: "weakref.WeakSet[Gate]" = weakref.WeakSet()
+
+    def __init__(self):
+        super().__init__()
+        self.set()
+        Gate._every.add(self)
+
+
+def open_all_gates() -> None:
+    "Open every gate a test has closed (on a failure: the server's work and drain then finish)."
+    for gate in list(Gate._every):
+        gate.set()
+
+
 class Gated(Module):
     """A classifier whose every batch costs `seconds` on `clock` (no real time passes) and, while `gate` is closed,
     waits for the test to open it: the test decides when a batch is done. `batches` lists their sizes."""
@@ -54,8 +75,7 @@ class Gated(Module):
 
         super().__init__()
         self.clock, self.seconds, self.inner = clock, seconds, mlp_classifier(list(sizes), rng=0)
-        self.gate = threading.Event()
-        self.gate.set()
+        self.gate = Gate()
         self.batches: list = []
 
     def forward(self, x):
@@ -74,11 +94,14 @@ async def until(condition, what: str, seconds: float = 30.0, watch=()) -> None:
         for task in watch:
             if task.done():
                 if not task.cancelled() and task.exception() is not None:
+                    open_all_gates()
                     raise task.exception()
                 r = task.result()
+                open_all_gates()
                 raise AssertionError(f"waiting for {what}, a request ended first: "
                                      f"{getattr(r, 'status_code', r)} {getattr(r, 'text', '')[:300]}")
         if time.perf_counter() > deadline:
+            open_all_gates()
             raise AssertionError(f"{what} did not happen within {seconds:.0f} s")
         await asyncio.sleep(0.001)
 
