@@ -77,7 +77,8 @@ def _record(settings, module, student):
         sub = gb.find_submission(module.slug, student)
         nb = gb.find_submission_notebook(module.notebook.stem, module.slug, student)
         return {"timestamp": sub.timestamp, "score": sub.score, "max_score": sub.max_score,
-                "late": nb.late_submission_penalty, "needs_manual_grade": nb.needs_manual_grade,
+                "late": nb.late_submission_penalty, "needs_manual_grade": nb.needs_manual_grade, "flagged": nb.flagged,
+                "extension": sub.extension,
                 "grades": sorted((g.name, g.auto_score, g.manual_score, g.needs_manual_grade) for g in nb.grades),
                 "comments": sorted((c.name, c.auto_comment) for c in nb.comments)}
 
