@@ -13,7 +13,9 @@ Course layout (all under `settings.ini` [nbgrader] root, ignored by git):
     nbgrader/gradebook.db                         the gradebook; nbgrader/grades.csv its export
 
 Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells from the
-gradebook before, save the scores after) and executes each submission in a worker process of its own
+gradebook before, save the scores after), on one gradebook per run (`RunBook`: the release's records read
+once, the submissions opened in one transaction, the scores committed with the results file), and
+executes each submission in a worker process of its own
 (`tito.grade_worker`), several at a time, each under a wall-clock limit and the sandbox of
 `tito.sandbox` (per submission: a cgroup with the memory and process limits, a leased user id). The
 score comes from the trusted checks (`tito.trusted`): each submission's exported code is probed in a
