@@ -13,7 +13,9 @@ Course layout (all under `settings.ini` [nbgrader] root, ignored by git):
     nbgrader/gradebook.db                         the gradebook; nbgrader/grades.csv its export
 
 Autograding runs nbgrader's own preprocessors in this process (restore the locked test cells from the
-gradebook before, save the scores after) and executes each submission in a worker process of its own
+gradebook before, save the scores after), on one gradebook per run (`RunBook`: the release's records read
+once, the submissions opened in one transaction, the scores committed with the results file), and
+executes each submission in a worker process of its own
 (`tito.grade_worker`), several at a time, each under a wall-clock limit and the sandbox of
 `tito.sandbox` (per submission: a cgroup with the memory and process limits, a leased user id). The
 score comes from the trusted checks (`tito.trusted`): each submission's exported code is probed in a
@@ -47,7 +49,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unicodedata
 import zipfile
@@ -84,12 +85,13 @@ def cell_passed(cell) -> bool:
 class TitoSaveAutoGrades(SaveAutoGrades):
     """nbgrader's SaveAutoGrades with tito's verdict: stderr output does not cost a graded cell its points.
 
-    With `gradebook` given (an open nbgrader Gradebook), the submission notebook's grades and comments are read in
-    one query each and written with one commit (nbgrader's own queries and commits once per cell), by the caller."""
+    With `grades` and `comments` given ({grade id: nbgrader Grade / Comment} of the submission notebook, loaded by the
+    caller, `RunBook`), it sets them and leaves writing them to the caller (nbgrader's own queries and commits once
+    per cell)."""
 
-    def __init__(self, gradebook=None, **kw):
+    def __init__(self, grades: dict | None = None, comments: dict | None = None, **kw):
         super().__init__(**kw)
-        self.given = gradebook
+        self.given = (grades, comments or {}) if grades is not None else None
 
     def preprocess(self, nb, resources):
         if self.given is None:
@@ -97,22 +99,16 @@ class TitoSaveAutoGrades(SaveAutoGrades):
         self.notebook_id = resources["nbgrader"]["notebook"]
         self.assignment_id = resources["nbgrader"]["assignment"]
         self.student_id = resources["nbgrader"]["student"]
-        self.gradebook = self.given
-        sub = self.gradebook.find_submission_notebook(self.notebook_id, self.assignment_id, self.student_id)
-        self.grades = {g.name: g for g in sub.grades}
-        self.comments = {c.name: c for c in sub.comments}
+        self.grades, self.comments = self.given
         for i, cell in enumerate(nb.cells):
             nb.cells[i], resources = self.preprocess_cell(cell, resources, i)
         return nb, resources
 
     def _add_score(self, cell, resources):
-        import copy as _copy
-
         from nbgrader import utils
 
-        quiet = _copy.deepcopy(cell)
-        quiet.outputs = [o for o in cell.get("outputs", [])
-                         if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+        quiet = nbformat.NotebookNode({**cell, "outputs": [  # the cell's other fields shared, not copied
+            o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]})
         if self.given is None:
             return super()._add_score(quiet, resources)
         grade = self.grades[cell.metadata["nbgrader"]["grade_id"]]
@@ -132,6 +128,18 @@ class TitoSaveAutoGrades(SaveAutoGrades):
 
 
 _VALIDATOR = None
+
+
+def read_notebook_text(text: str):
+    """`nbformat.reads(text, as_version=4)` without the schema validation, which only logs what it finds (about 10 ms
+    of tito's process per notebook): the notebooks read here are checked by nbgrader's metadata checks
+    (`check_cell_metadata`) or get their cells back from one that was (`restore_trusted_cells`)."""
+    return nbformat.convert(nbformat.reader.reads(text), 4)
+
+
+def notebook_text(nb) -> str:
+    """`nbformat.writes(nb)` (the same text) without the schema validation, which only logs what it finds."""
+    return nbformat.versions[nb.nbformat].writes_json(nb)
 
 
 def check_cell_metadata(nb) -> None:
@@ -326,104 +334,256 @@ def generate(settings: Settings, module: Module) -> Path:
     return out
 
 
-_RUN = threading.local()  # this thread's grading run: the gradebook it shares (run_gradebook)
+class _ReleaseCells:
+    """The release's cells as the gradebook records them (nbgrader's source, grade, solution and task cells), read
+    once per run and served to nbgrader's OverwriteCells in place of its gradebook (which it queries per cell of
+    every submission): the same answers, since nothing writes the release's records during a run."""
+
+    def __init__(self, notebook) -> None:
+        from types import SimpleNamespace
+
+        def snap(c, *attrs):
+            return SimpleNamespace(**{a: getattr(c, a) for a in attrs})
+
+        self.source = {c.name: snap(c, "name", "cell_type", "locked", "source", "checksum")
+                       for c in notebook.source_cells}
+        grade = [snap(c, "name", "max_score", "cell_type") for c in notebook.grade_cells]
+        task = [snap(c, "name", "max_score", "cell_type") for c in notebook.task_cells]
+        self.graded = {**{c.name: c for c in task}, **{c.name: c for c in grade}}  # find_graded_cell: grade cells first
+        self.notebook = SimpleNamespace(source_cells=list(self.source.values()), grade_cells=grade, task_cells=task,
+                                        solution_cells=[snap(c, "name") for c in notebook.solution_cells])
+        self.names = {c.id: c.name for c in notebook._base_cells}  # a grade's or comment's cell id -> its name
+
+    def find_source_cell(self, name: str, notebook: str, assignment: str):
+        from nbgrader.api import MissingEntry
+
+        if name not in self.source:
+            raise MissingEntry()
+        return self.source[name]
+
+    def find_graded_cell(self, name: str, notebook: str, assignment: str):
+        from nbgrader.api import MissingEntry
+
+        if name not in self.graded:
+            raise MissingEntry()
+        return self.graded[name]
+
+    def find_notebook(self, notebook: str, assignment: str):
+        return self.notebook
 
 
-class _SharedUse:
-    """One use of the run's gradebook, as `with Gradebook(...) as gb` would be, without a new engine and session:
-    what the use did not commit is rolled back at its end (as closing would), and everything loaded is expired,
-    so the next use reads the database afresh (nbgrader's preprocessors write through gradebooks of their own)."""
+class RunBook:
+    """The gradebook's side of one grading run, on one open gradebook (only this process writes it):
 
-    def __init__(self, gb) -> None:
-        self.gb = gb
+    - the release's records read once (`_ReleaseCells`, its kernelspec and maximum score);
+    - every student's row and submission created or updated in one transaction before any job starts
+      (`open_submissions`, nbgrader's update_or_create_student and update_or_create_submission);
+    - each submission's grades and comments loaded in one query for the students still to score, the scores written
+      as nbgrader's SaveAutoGrades and AssignLatePenalties write them, in the run's open transaction: `commit()` ends
+      it (the results saver commits before it writes the results file, so a result on disk has its scores committed;
+      an interrupted run commits what it scored, and what it did not is graded again next run)."""
 
-    def __enter__(self):
-        return self.gb
+    def __init__(self, gb, module: Module) -> None:
+        from nbgrader.preprocessors import AssignLatePenalties
 
-    def __exit__(self, *exc) -> None:
-        self.gb.db.rollback()
-        self.gb.db.expire_all()
+        self.gb, self.module = gb, module
+        self.session = gb.db()  # the scoped session's own: loaded objects stay loaded across the run's commits
+        self.session.expire_on_commit = False
+        notebook = gb.find_notebook(module.notebook.stem, module.slug)
+        self.notebook_id = notebook.id
+        self.kernelspec = notebook.kernelspec
+        self.release = _ReleaseCells(notebook)
+        assignment = gb.find_assignment(module.slug)
+        self.assignment_id, self.max_score = assignment.id, float(assignment.max_score)
+        self.subs: dict = {}  # student -> SubmittedAssignment
+        self.notebooks: dict = {}  # student -> SubmittedNotebook
+        self.grades: dict[str, dict] = {}  # student -> {grade id: Grade}
+        self.comments: dict[str, dict] = {}
+        self.unloaded: set[str] = set()
+        self.timestamps: dict = {}  # student -> the submission time read when it was opened (None: unknown)
+        self.errors: dict[str, Exception] = {}  # student -> why its submission could not be opened
+        self.late = AssignLatePenalties()
+        self.late.init_plugin()
 
+    # -------------------------------------------------- submissions
 
-@contextlib.contextmanager
-def run_gradebook(settings: Settings):
-    """For this thread, until the block ends: one gradebook shared by every `_gradebook(settings)` (a grading run
-    opened one per use: about 30 ms of tito's CPU each, several per submission)."""
-    outer = getattr(_RUN, "gradebook", None)
-    with _new_gradebook(settings) as gb:
-        _RUN.gradebook = (db_url(settings), gb)
+    def _existing(self, students: list[str]) -> tuple[set[str], dict]:
+        from nbgrader.api import Student, SubmittedAssignment
+
+        db, known, subs = self.gb.db, set(), {}
+        for i in range(0, len(students), 500):
+            chunk = students[i:i + 500]
+            known.update(s for (s,) in db.query(Student.id).filter(Student.id.in_(chunk)))
+            subs.update((s.student_id, s) for s in db.query(SubmittedAssignment).filter(
+                SubmittedAssignment.assignment_id == self.assignment_id, SubmittedAssignment.student_id.in_(chunk)))
+        return known, subs
+
+    def _insert_submissions(self, timestamps: dict, known: set[str]) -> None:
+        """The rows nbgrader's add_student and add_submission add (a submitted assignment mirroring the assignment:
+        each notebook, a grade per grade cell, a comment per solution cell, both per task cell), inserted in bulk:
+        its ORM builds and flushes them one object at a time (about 15 ms of tito's process per new submission)."""
+        from nbgrader import utils
+        from nbgrader.api import Comment, Grade, Student, SubmittedAssignment, SubmittedNotebook, new_uuid
+        from sqlalchemy import insert
+
+        students, subs, notebooks, grades, comments = [], [], [], [], []
+        layout = [(nb.id, [c.id for c in nb.grade_cells], [c.id for c in nb.solution_cells], [c.id for c in nb.task_cells])
+                  for nb in self.gb.find_assignment(self.module.slug).notebooks]
+        for s, ts in timestamps.items():
+            if s not in known:
+                students.append({"id": s})
+            sub = new_uuid()
+            subs.append({"id": sub, "assignment_id": self.assignment_id, "student_id": s,
+                         "timestamp": utils.parse_utc(ts) if ts else None, "extension": None})
+            for nb_id, grade_cells, solution_cells, task_cells in layout:
+                nb = new_uuid()
+                notebooks.append({"id": nb, "assignment_id": sub, "notebook_id": nb_id, "flagged": False,
+                                  "late_submission_penalty": None})
+                for cell in grade_cells + task_cells:
+                    grades.append({"id": new_uuid(), "notebook_id": nb, "cell_id": cell, "auto_score": None,
+                                   "manual_score": None, "extra_credit": None, "needs_manual_grade": True})
+                for cell in solution_cells + task_cells:
+                    comments.append({"id": new_uuid(), "notebook_id": nb, "cell_id": cell, "auto_comment": None,
+                                     "manual_comment": None})
+        for model, rows in ((Student, students), (SubmittedAssignment, subs), (SubmittedNotebook, notebooks),
+                            (Grade, grades), (Comment, comments)):
+            if rows:
+                self.session.execute(insert(model.__table__), rows)
+
+    def open_submissions(self, timestamps: dict) -> dict[str, Exception]:
+        """Every student in `timestamps` ({student: its submission time or None}) has a row and a submission (the
+        time updated when known), with one commit; {student: the error} for those that could not be opened."""
+        from nbgrader import utils
+
+        gb = self.gb
+        students = list(timestamps)
+        errors: dict[str, Exception] = {}
         try:
-            yield gb
-        finally:
-            _RUN.gradebook = outer
+            known, subs = self._existing(students)
+            for s, sub in subs.items():
+                if timestamps[s] is not None:
+                    sub.timestamp = utils.parse_utc(timestamps[s])
+            new = {s: timestamps[s] for s in students if s not in subs}
+            if new:
+                self._insert_submissions(new, known)
+                subs.update(self._existing(list(new))[1])
+            self.session.commit()
+        except Exception:  # one student's row failed: each on its own, so the error is that student's
+            self.session.rollback()
+            subs = {}
+            for s in students:
+                ts = timestamps[s]
+                try:
+                    gb.update_or_create_student(s)
+                    subs[s] = gb.update_or_create_submission(self.module.slug, s, **({"timestamp": ts} if ts else {}))
+                except Exception as e:  # raised again by `prepare` for this student alone
+                    errors[s] = e
+        for s, sub in subs.items():
+            self.subs[s] = sub
+            self.unloaded.add(s)
+        self.timestamps.update(timestamps)
+        self.errors.update(errors)
+        return errors
 
+    def opened(self, student: str, sub_dir: Path):
+        """The submission time read when `student`'s submission was opened (opening it now if it was not), or the
+        error that kept it from opening, raised again."""
+        if student not in self.timestamps:
+            self.open_submissions({student: _read_timestamp(sub_dir)})
+        if student in self.errors:
+            raise self.errors[student]
+        return self.timestamps[student]
 
-def _gradebook(settings: Settings):
-    shared = getattr(_RUN, "gradebook", None)
-    if shared is not None and shared[0] == db_url(settings):
-        return _SharedUse(shared[1])
-    return _new_gradebook(settings)
+    def _load(self, student: str) -> None:
+        """The grades and comments of `student` and of every other opened submission not loaded yet: one query each."""
+        from nbgrader.api import Comment, Grade, MissingEntry, SubmittedNotebook
 
+        if student not in self.subs:
+            raise MissingEntry(f"No such submission: {self.module.slug} for {student}")
+        if student in self.grades:
+            return
+        pending = list(self.unloaded)
+        self.unloaded.clear()
+        db, names = self.gb.db, self.release.names
+        by_id = {}
+        for i in range(0, len(pending), 500):
+            chunk = {self.subs[s].id: s for s in pending[i:i + 500]}
+            for nb in db.query(SubmittedNotebook).filter(SubmittedNotebook.notebook_id == self.notebook_id,
+                                                         SubmittedNotebook.assignment_id.in_(list(chunk))):
+                s = chunk[nb.assignment_id]
+                self.notebooks[s], by_id[nb.id] = nb, s
+                self.grades[s], self.comments[s] = {}, {}
+            for model, into in ((Grade, self.grades), (Comment, self.comments)):
+                ids = [k for k, s in by_id.items() if s in chunk.values()]
+                for row in db.query(model).filter(model.notebook_id.in_(ids)):
+                    into[by_id[row.notebook_id]][names.get(row.cell_id, row.cell_id)] = row
+        if student not in self.notebooks:
+            raise MissingEntry(f"No such submission notebook: {self.module.notebook.stem} for {student}")
 
-def _shared_for(resources) -> "object | None":
-    shared = getattr(_RUN, "gradebook", None)
-    return shared[1] if shared is not None and shared[0] == resources["nbgrader"]["db_url"] else None
+    # -------------------------------------------------- preprocessing a submission
 
+    def overwrite_cells(self, nb, resources):
+        """nbgrader's OverwriteCells (its own per-cell code), answered from the release's records."""
+        from nbgrader.preprocessors import OverwriteCells
+        from nbgrader.preprocessors.base import NbGraderPreprocessor
 
-def _overwrite_cells():
-    """nbgrader's OverwriteCells, on the run's gradebook when there is one (its own preprocess opens a new one)."""
-    from nbgrader.preprocessors import OverwriteCells
-    from nbgrader.preprocessors.base import NbGraderPreprocessor
+        pp = OverwriteCells()
+        pp.notebook_id = resources["nbgrader"]["notebook"]
+        pp.assignment_id = resources["nbgrader"]["assignment"]
+        pp.db_url = resources["nbgrader"]["db_url"]
+        pp.gradebook = self.release
+        nb, resources = NbGraderPreprocessor.preprocess(pp, nb, resources)
+        if pp.add_missing_cells:
+            nb, resources = pp.add_missing_grade_cells(nb, resources)
+            nb, resources = pp.add_missing_task_cells(nb, resources)
+        return nb, resources
 
-    class SharedOverwriteCells(OverwriteCells):
-        def preprocess(self, nb, resources):
-            gb = _shared_for(resources)
-            if gb is None:
-                return super().preprocess(nb, resources)
-            self.notebook_id = resources["nbgrader"]["notebook"]
-            self.assignment_id = resources["nbgrader"]["assignment"]
-            self.db_url = resources["nbgrader"]["db_url"]
-            self.gradebook = gb
-            with _SharedUse(gb):  # nbgrader 0.9's OverwriteCells.preprocess, with this gradebook
-                nb, resources = NbGraderPreprocessor.preprocess(self, nb, resources)
-                if self.add_missing_cells:
-                    nb, resources = self.add_missing_grade_cells(nb, resources)
-                    nb, resources = self.add_missing_task_cells(nb, resources)
-            return nb, resources
+    def overwrite_kernelspec(self, nb) -> None:
+        """nbgrader's OverwriteKernelspec: the release's kernelspec replaces the submission's."""
+        if self.kernelspec is not None:
+            kernelspec = json.loads(self.kernelspec)
+            if kernelspec:
+                nb.metadata["kernelspec"] = kernelspec
 
-    return SharedOverwriteCells()
+    # -------------------------------------------------- scoring
 
+    def save_grades(self, nb, resources) -> None:
+        """nbgrader's SaveAutoGrades (tito's verdict) and AssignLatePenalties on this submission's loaded records."""
+        student = resources["nbgrader"]["student"]
+        self._load(student)
+        TitoSaveAutoGrades(grades=self.grades[student], comments=self.comments[student]).preprocess(nb, resources)
+        sub, notebook = self.subs[student], self.notebooks[student]
+        notebook.late_submission_penalty = None  # AssignLatePenalties.preprocess (nbgrader 0.9): reset to None (zero)
+        if sub.total_seconds_late > 0:
+            late = self.late
+            late.log.warning("{} is {} seconds late".format(sub, sub.total_seconds_late))
+            self.session.flush()
+            penalty = late.plugin_inst.late_submission_penalty(student, notebook.score, sub.total_seconds_late)
+            late.log.warning("Late submission penalty: {}".format(penalty))
+            if penalty is not None:
+                notebook.late_submission_penalty = late._check_late_penalty(notebook, penalty)
 
-def _assign_late_penalties():
-    """nbgrader's AssignLatePenalties, on the run's gradebook when there is one (its own preprocess opens a new one)."""
-    from nbgrader.preprocessors import AssignLatePenalties
+    def flag(self, student: str, grade_ids: list[str] | None, zero: bool) -> None:
+        """Mark grades as needing a person (all of them when grade_ids is None); `zero` also sets auto_score 0."""
+        self._load(student)
+        for name, grade in self.grades[student].items():
+            if grade_ids is None or name in grade_ids:
+                grade.needs_manual_grade = True
+                if zero:
+                    grade.auto_score = 0
 
-    class SharedAssignLatePenalties(AssignLatePenalties):
-        def preprocess(self, nb, resources):
-            gb = _shared_for(resources)
-            if gb is None:
-                return super().preprocess(nb, resources)
-            self.notebook_id = resources["nbgrader"]["notebook"]
-            self.assignment_id = resources["nbgrader"]["assignment"]
-            self.student_id = resources["nbgrader"]["student"]
-            self.db_url = resources["nbgrader"]["db_url"]
-            self.init_plugin()
-            self.gradebook = gb
-            with _SharedUse(gb):  # nbgrader 0.9's AssignLatePenalties.preprocess, with this gradebook
-                submission = gb.find_submission(self.assignment_id, self.student_id)
-                notebook = gb.find_submission_notebook(self.notebook_id, self.assignment_id, self.student_id)
-                notebook.late_submission_penalty = None  # reset to None (zero)
-                if submission.total_seconds_late > 0:
-                    self.log.warning("{} is {} seconds late".format(submission, submission.total_seconds_late))
-                    penalty = self.plugin_inst.late_submission_penalty(self.student_id, notebook.score,
-                                                                       submission.total_seconds_late)
-                    self.log.warning("Late submission penalty: {}".format(penalty))
-                    if penalty is not None:
-                        notebook.late_submission_penalty = self._check_late_penalty(notebook, penalty)
-                gb.db.commit()
-            return nb, resources
+    def score(self, student: str) -> tuple[float, float]:
+        """nbgrader's score and maximum of the submission, as the gradebook computes them (with this run's writes)."""
+        from nbgrader.api import SubmittedAssignment
+        from sqlalchemy import select
 
-    return SharedAssignLatePenalties()
+        self.session.flush()
+        score = self.session.execute(select(SubmittedAssignment.score).where(
+            SubmittedAssignment.id == self.subs[student].id)).scalar_one()
+        return float(score), self.max_score
+
+    def commit(self) -> None:
+        self.session.commit()
 
 
 def _new_gradebook(settings: Settings):
@@ -446,7 +606,7 @@ def ensure_released(settings: Settings, module: Module) -> Path:
     out = release_path(settings, module)
     known = False
     if out.exists() and gradebook_path(settings).exists():
-        with _gradebook(settings) as gb:
+        with _new_gradebook(settings) as gb:
             try:
                 gb.find_notebook(module.notebook.stem, module.slug)
                 known = True
@@ -779,8 +939,9 @@ class ResultsSaver:
     the whole file after every submission. What is not on disk yet when tito is killed is graded again next run."""
 
     def __init__(self, settings: Settings, module: Module, results: dict[str, "Outcome"], every_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, commit: Callable[[], None] | None = None) -> None:
         self.settings, self.module, self.results, self.every_s, self.clock = settings, module, results, every_s, clock
+        self.commit = commit  # called before each write: the gradebook's scores of these results (RunBook.commit)
         self.last: float | None = None
         self.dirty = False
 
@@ -791,6 +952,8 @@ class ResultsSaver:
 
     def flush(self) -> None:
         if self.dirty:
+            if self.commit is not None:
+                self.commit()
             save_results(self.settings, self.module, self.results)
             self.dirty, self.last = False, self.clock()
 
@@ -875,23 +1038,22 @@ def _repair_other_metadata(nb, release) -> list[str]:
 
 
 def prepare(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str,
-            plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True) -> Job:
-    """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co)."""
-    from nbgrader.preprocessors import ClearOutput, DeduplicateIds, OverwriteKernelspec
+            plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True, *,
+            book: "RunBook") -> Job:
+    """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co) on the run's
+    gradebook (`book`: its submission is opened there, usually with the run's others before any job started)."""
+    from nbgrader.preprocessors import ClearOutput, DeduplicateIds
 
     sub_dir = settings.nbgrader_root / "submitted" / student / module.slug
+    ts = book.opened(student, sub_dir)
     job = Job(student, _fingerprint(sub_dir, release_bytes, salt))
-    ts = _read_timestamp(sub_dir)
     job.submitted_at = ts.isoformat() if ts else ""
-    with _gradebook(settings) as gb:
-        gb.update_or_create_student(student)
-        gb.update_or_create_submission(module.slug, student, **({"timestamp": ts} if ts else {}))
     path = sub_dir / module.notebook.name
     if not path.exists():
         others = ", ".join(p.name for p in sub_dir.glob("*.ipynb")) or "none"
         raise _Fail(job, f"no {module.notebook.name} in the submission (notebooks there: {others})")
     try:
-        nb = nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
+        nb = read_notebook_text(path.read_text(encoding="utf-8", errors="replace"))
     except Exception as e:  # broken JSON, wrong nbformat: several exception types
         job.log.append(f"reading {path} failed: {type(e).__name__}: {e}")
         first = str(e).splitlines()[0][:120] if str(e) else ""
@@ -914,8 +1076,10 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         job.log += [f"  - {p}" for p in details + other]
     resources = _resources(settings, module, student)
     try:
-        for pp in (ClearOutput(), DeduplicateIds(), OverwriteKernelspec(), _overwrite_cells()):
+        for pp in (ClearOutput(), DeduplicateIds()):
             nb, resources = pp.preprocess(nb, resources)
+        book.overwrite_kernelspec(nb)  # nbgrader's OverwriteKernelspec and OverwriteCells, on the run's records
+        nb, resources = book.overwrite_cells(nb, resources)
         copies = _drop_emptied_metadata(nb)
         if copies:
             job.log.append(f"copied graded or solution cells ({', '.join(copies)}): the copy counts as the student's "
@@ -1040,17 +1204,6 @@ def name_stubs(nb) -> None:
             out["traceback"] = [*out.get("traceback", [])[:-1], f"NotImplementedError: {out['evalue']}"]
 
 
-def _flag_grades(gb, module: Module, student: str, grade_ids: list[str] | None, zero: bool) -> None:
-    """Mark grades as needing a person (all of them when grade_ids is None); `zero` also sets auto_score 0."""
-    sub = gb.find_submission_notebook(module.notebook.stem, module.slug, student)
-    for grade in sub.grades:
-        if grade_ids is None or grade.name in grade_ids:
-            grade.needs_manual_grade = True
-            if zero:
-                grade.auto_score = 0
-    gb.db.commit()
-
-
 def bound_outputs(nb, cell_limit: int, notebook_limit: int) -> int:
     """The trusted side's own output limits on an executed notebook (the worker enforces them on what the kernel
     sends; this holds even if a worker did not): outputs past a cell's or the notebook's limit are dropped with a
@@ -1094,12 +1247,14 @@ def restore_trusted_cells(nb, prepared) -> None:
             cell["id"] = trusted["id"]
 
 
-def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None) -> Outcome:
-    """Score an executed notebook into the gradebook and write it to autograded/ (nbgrader's second half)."""
+def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None, *,
+           book: "RunBook") -> Outcome:
+    """Score an executed notebook into the gradebook (`book`: the run's, committed with the results file) and write
+    it to autograded/ (nbgrader's second half)."""
     from nbgrader.preprocessors import LimitOutput
 
     g = GradingSettings.load(settings)
-    nb = nbformat.reads(result["notebook"], as_version=4)
+    nb = read_notebook_text(result["notebook"])
     restore_trusted_cells(nb, job.notebook)
     bound_outputs(nb, g.output_limit + 1000, g.notebook_output_limit + 10_000)
     status, reason = {"ok": (GRADED, ""), "timed out": (TIMED_OUT, result.get("reason", "")),
@@ -1124,18 +1279,13 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
                        "the reference, in a sandbox of its own):", *trusted_summary(verdicts),
                        *(checked.notes if checked is not None else []), *trusted_log]
     nb, resources = LimitOutput().preprocess(nb, resources)
-    with _gradebook(settings) as gb:  # one session, one commit for the scores
-        nb, resources = TitoSaveAutoGrades(gradebook=gb).preprocess(nb, resources)
-        gb.db.commit()
-    nb, resources = _assign_late_penalties().preprocess(nb, resources)
-    with _gradebook(settings) as gb:
-        if status != GRADED:
-            _flag_grades(gb, module, job.student, job.review_ids if status == REVIEW else None, zero=False)
-        sub = gb.find_submission(module.slug, job.student)
-        score, max_score = float(sub.score), float(sub.max_score)
+    book.save_grades(nb, resources)  # nbgrader's SaveAutoGrades and AssignLatePenalties
+    if status != GRADED:
+        book.flag(job.student, job.review_ids if status == REVIEW else None, zero=False)
+    score, max_score = book.score(job.student)
     dest = settings.nbgrader_root / "autograded" / job.student / module.slug
     dest.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(dest / module.notebook.name, nbformat.writes(nb) + "\n")
+    atomic_write_text(dest / module.notebook.name, notebook_text(nb) + "\n")
     ts = settings.nbgrader_root / "submitted" / job.student / module.slug / "timestamp.txt"
     if ts.exists():
         shutil.copy2(ts, dest / "timestamp.txt")
@@ -1145,17 +1295,16 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
                    seconds=float(result.get("seconds", 0)), integrity="; ".join(job.problems))
 
 
-def fail(settings: Settings, module: Module, job: Job, reason: str, status: str = FAILED) -> Outcome:
+def fail(settings: Settings, module: Module, job: Job, reason: str, status: str = FAILED, *,
+         book: "RunBook") -> Outcome:
     """A submission that could not be executed: 0 points, flagged for a person, no stale autograded notebook."""
     from nbgrader.api import MissingEntry
 
-    with _gradebook(settings) as gb:
-        try:
-            _flag_grades(gb, module, job.student, None, zero=True)
-            sub = gb.find_submission(module.slug, job.student)
-            max_score = float(sub.max_score)
-        except MissingEntry:
-            max_score = 0.0
+    try:
+        book.flag(job.student, None, zero=True)
+        max_score = book.max_score
+    except MissingEntry:
+        max_score = 0.0
     stale = settings.nbgrader_root / "autograded" / job.student / module.slug
     if stale.exists():
         shutil.rmtree(stale)
@@ -1304,6 +1453,16 @@ def isolated_env(box) -> dict:
     return env
 
 
+def _isolated(box, module: str, slot: int, chdir: str | None = None) -> list[str]:
+    """`box.isolated(module, slot, chdir=chdir)`, built once per run: it is the same command for every submission
+    of a slot, and building it resolves every path the sandbox binds (milliseconds of tito's process per start)."""
+    cache = box.__dict__.setdefault("_commands", {})
+    key = (module, slot, chdir)
+    if key not in cache:
+        cache[key] = box.isolated(module, slot, chdir=chdir)
+    return list(cache[key])
+
+
 class ProbeRun:
     """One submission's trusted checks, run in a thread: `plan.run` over a probe process in a fresh sandbox of the
     submission's slot (its own PID namespace and private /tmp: nothing the notebook wrote is there)."""
@@ -1325,11 +1484,11 @@ class ProbeRun:
         box = self.box
         if box.mode == "none":
             cwd = tempfile.mkdtemp(prefix="probe-", dir=self.scratch)
-            cmd = box.isolated("tito.probe_run", self.slot)
+            cmd = _isolated(box, "tito.probe_run", self.slot)
         else:
             cwd = str(box.code_root)
             base = "/tmp" if box.mode == "bwrap" or box.private_tmp else "/dev/shm"
-            cmd = box.isolated("tito.probe_run", self.slot, chdir=base)
+            cmd = _isolated(box, "tito.probe_run", self.slot, chdir=base)
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(self.group))
         self.procs.append(proc)
@@ -1362,7 +1521,7 @@ class WorkerPool:
         self.box, self.size, self.files, self.g, self.plan = box, max(1, size), files, g, plan
         self.first_slot = first_slot  # a Dask worker's threads share one sandbox: each its own slots
         self.running: list[Running] = []
-        self.files_json: str | None = None
+        self.files_json: bytes | None = None
         self.scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
         os.chmod(self.scratch, 0o700)
 
@@ -1378,20 +1537,21 @@ class WorkerPool:
         workdir = (f"{box.workdir_base()}/{job.student}" if box.workdir_base()
                    else tempfile.mkdtemp(prefix=f"tito-{job.student}-"))
         if self.files_json is None:  # the package (a few MB of base64) encoded once per run, not per submission
-            self.files_json = json.dumps(self.files)
-        rest = json.dumps({"notebook": nbformat.writes(job.notebook), "workdir": workdir,
+            self.files_json = ('{"files": ' + json.dumps(self.files) + ", ").encode()
+        rest = json.dumps({"notebook": json.dumps(job.notebook), "workdir": workdir,
                            "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
                            "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
                            "skip": job.skip})
-        payload = '{"files": ' + self.files_json + ", " + rest[1:]
+        payload = (self.files_json, rest[1:].encode())  # written in two parts: the package is not copied again
         cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
         # the job goes in as an open file (in this run's root-only scratch folder, unlinked at once): starting a
         # worker never waits for it to read a pipe, so the next submission starts at once
         job_file = self.scratch / f"{job.student}.job"
-        job_file.write_bytes(payload.encode())
+        with open(job_file, "wb") as f:
+            f.writelines(payload)
         with open(job_file, "rb") as fi, open(out, "wb") as fo, open(errf, "wb") as fe:
             job_file.unlink()
-            proc = subprocess.Popen(box.isolated("tito.grade_worker", slot), stdin=fi, stdout=fo,
+            proc = subprocess.Popen(_isolated(box, "tito.grade_worker", slot), stdin=fi, stdout=fo,
                                     stderr=fe, env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(group))
         probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch) if job.probe is not None else None
         now = time.monotonic()
@@ -1552,7 +1712,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
     nworkers = max(1, workers or g.workers)
     hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root, TITO_DIR]
-    files = package_files(settings.root, module)
+    files = package_files(settings.root, module) if todo else {}  # the kernels' package: only when one runs
     stop = Stop()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     plan, executor, box, code_dir = None, None, None, None
@@ -1562,6 +1722,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
     left: list[str] = []
     run_notes: list[str] = []
     saver = ResultsSaver(settings, module, results)
+    book: RunBook | None = None
     try:
         if cluster:
             plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout) if todo else None
@@ -1604,12 +1765,12 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
         def on_done(d) -> None:
             if d.result is None:
-                outcome = fail(settings, module, d.job, d.why, status=TIMED_OUT if d.killed else FAILED)
+                outcome = fail(settings, module, d.job, d.why, status=TIMED_OUT if d.killed else FAILED, book=book)
             else:
                 try:
-                    outcome = finish(settings, module, d.job, d.result, plan, d.checked)
+                    outcome = finish(settings, module, d.job, d.result, plan, d.checked, book=book)
                 except Exception as e:  # a damaged executed notebook: this student fails, the others go on
-                    outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}")
+                    outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}", book=book)
             outcome.node = d.node
             try:  # what the worker and the probe processes said they used (a measurement, bounded)
                 worker = min(max(float((d.result or {}).get("cpu_s") or 0), 0.0), 1e6)
@@ -1626,11 +1787,17 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
             for note in run_notes + ([f"removed from the results (no submission any more): {', '.join(pruned)}"]
                                      if pruned else []):
                 on_event(note, None, 0, total)
-        with run_gradebook(settings):  # one gradebook for the run's prepares and scorings (this thread's)
+        with contextlib.ExitStack() as open_book:
+            if todo:  # one gradebook for the run: every submission opened at once, scores committed with the results
+                book = RunBook(open_book.enter_context(_new_gradebook(settings)), module)
+                saver.commit = book.commit
+                open_book.callback(saver.flush)  # before the gradebook closes (which drops what is not committed)
+                book.open_submissions({s: _read_timestamp(settings.nbgrader_root / "submitted" / s / module.slug)
+                                       for s in todo})
             while executor is not None and (queue or executor.busy()) and not stop:
                 while queue and executor.room() and not stop:
                     job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files,
-                                    record, skip_cells)
+                                    record, skip_cells, book=book)
                     if job is not None:
                         executor.submit(job)
                 executor.wait(on_done)
@@ -1657,15 +1824,15 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
 
 def _prepared(settings: Settings, module: Module, student: str, release, release_bytes: bytes, salt: str, plan,
-              files: dict[str, str], record, skip_cells: bool = True) -> "Job | None":
+              files: dict[str, str], record, skip_cells: bool = True, *, book: "RunBook") -> "Job | None":
     """One submission's job, or None when it cannot be prepared (then it is recorded as failed: the others go on)."""
     try:
-        return prepare(settings, module, student, release, release_bytes, salt, plan, files, skip_cells)
+        return prepare(settings, module, student, release, release_bytes, salt, plan, files, skip_cells, book=book)
     except _Fail as f:
-        record(fail(settings, module, f.job, f.reason), f.job)
+        record(fail(settings, module, f.job, f.reason, book=book), f.job)
     except Exception as e:  # this submission cannot be prepared (gradebook, nbgrader): the others go on
         job = Job(student, "")
-        record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}"), job)
+        record(fail(settings, module, job, f"could not prepare it: {type(e).__name__}: {e}", book=book), job)
     return None
 
 
