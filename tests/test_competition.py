@@ -40,7 +40,7 @@ SUBMISSIONS = {
     "nofunc": "def matmul_v2(a, b):\n    return a @ b\n",
     "othertask": "def gelu_bias(x, bias):\n    return x + bias\n",  # a kernel of --task elementwise
     "exits": "import os\ndef matmul(a, b):\n    os._exit(3)\n",
-    "tamper": "import json\ndef matmul(a, b):\n    open('../error.json', 'w').write('{')\n    return a @ b\n",
+    "tamper": "import json\ndef matmul(a, b):\n    open('../result_0.json', 'w').write('{')\n    return a @ b\n",
     "segv": "import ctypes\ndef matmul(a, b):\n    return ctypes.string_at(0)\n",
     # caches: what they computed once, returned for later calls (the inputs are the same objects every call)
     "idcache": "C = {}\ndef matmul(a, b):\n    key = (id(a), id(b))\n    if key not in C:\n        C[key] = a @ b\n"

@@ -44,8 +44,10 @@ these that works here):
   and PID namespaces, the course's modules/, its git data and the home folder hidden; weaker: the rest
   of the file system stays readable and it can write where any user may (a shared /tmp).
 - `none`: the limits only, as the user who runs `tito compete` (the run prints a warning).
-Before the first entry the worker is started once in the sandbox (`Runner.preflight`); when it cannot
-start, one line says why and what to do, as grading's preflight does. The sandbox's environment holds
+Before the first entry the worker is started once in the sandbox by grading's preflight
+(`tito.sandbox.preflight`); when it cannot start, one line says why and what to do. The workers speak the job
+protocol of grading and its probes (tito.jobs): the job in, progress, the result or the worker's own failure out,
+the arrays they return as files. The sandbox's environment holds
 only PATH, LANG, HOME (its private /tmp), PYTHONPATH and the thread settings.
 
 Each timed repeat of an entry is paired with a repeat of the task's NumPy kernel (the reference file of the
@@ -73,7 +75,6 @@ import platform
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -291,13 +292,13 @@ class Runner:
         if not self.env:
             self.env = child_env(self.threads, self.box)
 
-    def _spawn(self, job: dict, work: Path, deadline: float, file: Path | None = None):
-        """Run the worker in the sandbox; returns (returncode or None on timeout, output tail). The sandbox
-        (bwrap) sees `file`'s folder (see `visible`) and tinytorch read-only, and `work`'s folder writable."""
-        from .proc import kill_tree
+    def _start(self, work: Path, log, file: Path | None = None):
+        """Start the worker in the sandbox (its output, the submission's prints included, to the open file `log`).
+        The sandbox (bwrap) sees `file`'s folder (see `visible`) and tinytorch read-only, and `work`'s folder
+        writable."""
+        from . import jobs
 
         box = self.box
-        log = work / "output.txt"
         cwd = work / "cwd"  # the submission's working directory: files it writes cannot pose as the worker's
         cwd.mkdir()
         if box.drops_user:  # root: the worker runs as an unused user id, which must be able to write here
@@ -325,28 +326,24 @@ class Runner:
         ro = [p for p in (tinytorch_dir(), *shown) if p is not None]
         if box.mode == "namespace" and file is not None:  # a submission under a hidden folder stays visible
             box = dataclasses.replace(box, hidden=[h for h in box.hidden if h != file and h not in file.parents])
-        cmd = box.command(sys.executable, str(cwd), worker_module="tito.competition_worker", ro=tuple(ro),
-                          rw=(work,), chdir=str(cwd))
+        cmd = box.command("tito.competition_worker", ro=tuple(ro), rw=(work,), chdir=str(cwd))
         # no core files, the address-space limit, its own session, and it dies with tito
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                    env=self.env, preexec_fn=box.preexec())
-            try:
-                proc.communicate(json.dumps(job).encode(), timeout=max(0.1, deadline - time.monotonic()))
-                code = proc.returncode
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:  # a timeout, Ctrl-C or any other exception: the whole group goes
-                if proc.returncode is None:
-                    kill_tree(proc)
-        tail = log.read_bytes()[-4000:].decode("utf-8", "replace").strip()
-        return code, tail
+        return jobs.start(box, "tito.competition_worker", command=cmd, cwd=str(cwd), env=self.env, stderr=log)
 
-    def _failure(self, cases: list, work: Path, code, tail: str, kind: str = "submission") -> str:
-        """Why a phase did not finish ('' when it did)."""
-        err = work / "error.json"
-        if err.exists():
-            e = json.loads(err.read_text())
+    def _exchange(self, job: dict, work: Path, deadline: float, file: Path | None = None):
+        """Run one phase in the worker (tito.jobs: the job in, its progress and result out; the process tree killed
+        at `deadline`); returns (its Reply, the tail of its output)."""
+        from . import jobs
+
+        with open(work / "output.txt", "wb") as log:
+            reply = jobs.run(self._start(work, log, file), "compete", job, deadline)
+        tail = (work / "output.txt").read_bytes()[-4000:].decode("utf-8", "replace").strip()
+        return reply, tail
+
+    def _failure(self, cases: list, reply, tail: str, kind: str = "submission") -> str:
+        """Why a phase did not finish ('' when it did), from the worker's Reply (tito.jobs)."""
+        e = (reply.result or {}).get("error")
+        if e:
             at = f" at {e['where']}" if e.get("where") else ""
             if e["stage"] == "import":
                 return f"import failed: {e['error']}{at}" + (
@@ -357,13 +354,18 @@ class Runner:
                 why = "not implemented yet: " + why + (
                     "; complete module 17's exercises and run `tito export 17`" if kind != "submission" else "")
             return why
-        progress = (work / "progress").read_text() if (work / "progress").exists() else "start"
-        if progress == "done" and code == 0:
+        code = reply.code
+        if reply.result is not None and code == 0:
             return ""
+        if reply.fatal:
+            return f"the competition worker failed: {reply.fatal}"
+        if reply.ended not in ("", "exit", "timeout"):  # its channel carried what the worker never sends
+            return f"the worker's channel was tampered with: it {reply.ended}"
+        progress = reply.progress or "start"
         if progress in ("start", "import"):
             doing = "while starting" if progress == "start" else "while importing the file"
         else:
-            phase, i = json.loads(progress)
+            phase, i = progress
             doing = (f"{'running' if phase == 'results' else 'being timed'} on input "
                      f"{self.task.describe(tuple(cases[i]))}")
         if code is None:
@@ -382,7 +384,7 @@ class Runner:
     def _unreadable(self, file: Path) -> str:
         """Why the namespace sandbox's user (an unused user id: tito runs as root) cannot read `file` ('' when it can)."""
         box = self.box
-        if not (box.drops_user and box.mode == "namespace"):  # bwrap: a readable copy is bound (see _spawn)
+        if not (box.drops_user and box.mode == "namespace"):  # bwrap: a readable copy is bound (see _start)
             return ""
         from .sandbox import _unreachable
 
@@ -395,27 +397,29 @@ class Runner:
                 f"`chmod a+r {file}` (and a+x on its folders), or run with --sandbox none")
 
     def preflight(self) -> None:
-        """Start the worker in the sandbox as a run will; CourseError with the cause and the fix when it does not."""
-        with tempfile.TemporaryDirectory(prefix="tito-compete-") as tmp:
-            work = Path(tmp) / "preflight"
-            work.mkdir()
-            job = {"phase": "preflight", "task": self.task.name, "out": str(work)}
-            code, tail = self._spawn(job, work, time.monotonic() + max(30.0, self.timeout))
-            done = (work / "progress").exists() and (work / "progress").read_text() == "done"
-            err = json.loads((work / "error.json").read_text()) if (work / "error.json").exists() else None
-        if done and code == 0:
-            return
+        """Start the worker in the sandbox as a run will (tito.sandbox.preflight, grading's): CourseError with the
+        cause and the fix, in one line, when it does not."""
+        from .sandbox import Trial, preflight
+
         box = self.box
-        if err:
-            raise CourseError(f"sandbox {box.mode}: the competition worker cannot import what it needs ({err['error']}); "
-                              "export the course's modules (`tito export`), or run with --sandbox none to see whether "
-                              "the sandbox is the cause")
-        why = "no answer within the time limit" if code is None else (tail.splitlines()[-1][:200] if tail else
-                                                                         f"exit code {code}, no output")
-        raise CourseError(f"sandbox {box.mode}: the competition worker does not start ({why}); run with "
-                          f"--sandbox none to see whether the sandbox is the cause"
-                          + ("; with bubblewrap installed (`apt-get install bubblewrap`) --sandbox bwrap binds "
-                             "what the worker needs read-only" if box.mode == "namespace" else ""))
+        tmp = Path(tempfile.mkdtemp(prefix="tito-compete-"))
+        work = tmp / "preflight"
+        work.mkdir()
+
+        def check(result: dict) -> str:
+            err = result.get("error")
+            return "" if not err else (
+                f"sandbox {box.mode}: the competition worker cannot import what it needs ({err['error']}); export the "
+                "course's modules (`tito export`), or run with --sandbox none to see whether the sandbox is the cause")
+
+        try:
+            preflight(box, trials=[Trial("the competition worker", "compete",
+                                         {"phase": "preflight", "task": self.task.name, "out": str(work)},
+                                         lambda log: self._start(work, log), check, none="run with --sandbox none",
+                                         bwrap="--sandbox bwrap")],
+                      timeout=max(30.0, self.timeout))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _check_timed(self, cases: list, timings: list, work: Path) -> str:
         """'' when every result kept while timing (see tito.competition_worker) is right for the inputs of
@@ -466,9 +470,9 @@ class Runner:
                     ref = next(b for b in task.baselines if b.kind == "reference")
                     shutil.copyfile(kernels_dir() / ref.file, work / "reference_kernel.py")
                     job["reference_file"] = str(work / "reference_kernel.py")
-                code, tail = self._spawn(job, work, deadline, Path(file).resolve())
+                reply, tail = self._exchange(job, work, deadline, Path(file).resolve())
                 try:  # what the worker left: unreadable only if the submission tampered with it
-                    why = self._failure(cases, work, code, tail, kind)
+                    why = self._failure(cases, reply, tail, kind)
                     if not why and phase == "results":
                         for i, case in enumerate(cases):
                             npy, js = work / f"result_{i}.npy", work / f"result_{i}.json"
@@ -477,8 +481,8 @@ class Runner:
                             if why:
                                 break
                     if not why and phase == "timing":
-                        timings = json.loads((work / "timing.json").read_text())
-                        if len(timings) != len(cases):
+                        timings = reply.result["timings"]
+                        if not isinstance(timings, list) or len(timings) != len(cases):
                             raise ValueError(f"{len(timings)} timings for {len(cases)} inputs")
                         why = self._check_timed(cases, timings, work)
                 except (OSError, ValueError, KeyError, TypeError, IndexError) as e:

@@ -1,22 +1,24 @@
-"""One submission of `tito compete`, in a child process of its own: `python -m tito.competition_worker`
-(job as JSON on stdin).
+"""One submission of `tito compete`, in a child process of its own: `python -m tito.competition_worker`, a
+`compete` job of the job protocol (tito.jobs) with the payload
 
     {"phase": "results" | "timing", "task": "matmul", "file": "/path/NAME.py", "cases": [[64, 64, 64], ...],
      "seed": 17, "out": "/tmp/...", "warmup": 1, "repeats": 5, "min_repeat_time": 0.02}
 
 `results`: imports the file, calls its function once on each case's inputs and saves what it returned to
-`out/result_I.npy` (anything but an ndarray is described in `out/result_I.json` instead). The parent
+`out/result_I.npy` (anything but an ndarray is described in `out/result_I.json` instead: the arrays are files,
+too large for messages). The parent
 process checks them against its own reference: a submission cannot change how it is judged.
 `preflight`: imports what the other phases need, nothing of a submission (`tito compete run` checks
 that the worker starts in its sandbox before any submission runs).
-`timing`: times the function on each case with `tinytorch.perf.measure.time_call` and writes
-`out/timing.json`; with `reference_file` (the task's NumPy kernel) each timed repeat of the submission
+`timing`: times the function on each case with `tinytorch.perf.measure.time_call`; with `reference_file` (the task's NumPy kernel) each timed repeat of the submission
 follows one of the reference, in this process, so that their ratio is measured in turns. Before every call, one element of the first input is changed (restoring the one
 changed before: tito.competition.perturbation), so that no two calls see the same inputs; the results
 of some calls (the last warmup call, the last call of each calibration round and of each timed repeat)
 are kept and saved as `out/check_I_K.npy` (K: the call's number) for the parent to check against the
-inputs of that call, and the inputs are compared with what they should be after the last call. Both write `out/progress` (the step now running) so that a parent that had to kill
-this process can say where it was, and `out/error.json` for an exception of the submission.
+inputs of that call, and the inputs are compared with what they should be after the last call, and the result
+message holds the timings (`{"timings": [...]}`). Both report their progress (the step now running) so that a
+parent that had to kill this process can say where it was, and an exception of the submission as the result
+`{"error": {"stage", "case", "error", "where"}}`; the worker's own failure is the protocol's `fatal`.
 """
 from __future__ import annotations
 
@@ -157,36 +159,35 @@ def timed(fn, inputs: list, args: tuple, job: dict, reference=None) -> tuple[dic
     return record, kept
 
 
-def main() -> int:
-    job = json.loads(sys.stdin.read())
+def handle(job: dict, chan) -> dict:
+    """One phase of one submission: the result says what went wrong (`error`: the submission's own exception) or,
+    for timing, the timings; the arrays it returned are files in `out`."""
     out = Path(job["out"])
-    progress = out / "progress"
-    progress.write_text("import")
+    chan.progress("import")
 
     import numpy as np
 
     from tito.competition import TASKS
 
     task = TASKS[job["task"]]
-    if job["phase"] == "preflight":  # tito compete's check that the worker starts in its sandbox
+    if job["phase"] == "preflight":  # tito compete's check that the worker starts in its sandbox (tito.sandbox.preflight)
         try:
             import tinytorch.perf.measure  # noqa: F401
         except BaseException as e:
-            (out / "error.json").write_text(json.dumps({"stage": "import", "error": _error(e, __file__)["error"]}))
-            return 0
-        progress.write_text("done")
-        return 0
+            return {"error": {"stage": "import", "error": _error(e, __file__)["error"]}}
+        chan.ready()
+        return {}
+    chan.ready()  # what this worker needs is imported: the submission's code runs from here on
     try:
         fn = load(job["file"], task.func, {t.func: t.name for t in TASKS.values()})
     except BaseException as e:  # the submission's module: anything may come out of it
-        (out / "error.json").write_text(json.dumps({"stage": "import", **_error(e, job["file"])}))
-        return 0
+        return {"error": {"stage": "import", **_error(e, job["file"])}}
     # the task's NumPy kernel (a copy of the course's, written by the parent into this job's folder): timed in turns
     reference = load(job["reference_file"], task.func) if job.get("reference_file") else None
     timings = []
     for i, case in enumerate(job["cases"]):
         inputs = task.inputs(tuple(case), job["seed"])
-        progress.write_text(json.dumps([job["phase"], i]))
+        chan.progress([job["phase"], i])
         try:
             if job["phase"] == "results":
                 kept = [x.copy() for x in inputs]
@@ -203,12 +204,14 @@ def main() -> int:
                 del kept
                 timings.append(record)
         except BaseException as e:
-            (out / "error.json").write_text(json.dumps({"stage": job["phase"], "case": i, **_error(e, job["file"])}))
-            return 0
-    if job["phase"] == "timing":
-        (out / "timing.json").write_text(json.dumps(timings))
-    progress.write_text("done")
-    return 0
+            return {"error": {"stage": job["phase"], "case": i, **_error(e, job["file"])}}
+    return {"timings": timings} if job["phase"] == "timing" else {}
+
+
+def main() -> int:
+    from tito.jobs import serve
+
+    return serve("compete", handle)  # the job protocol (tito.jobs)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One submission's notebook, executed in its own process: `python -I` running `tito.grade_worker` (tito.grading).
 
-The job arrives as JSON on stdin (so nothing of it needs to be readable on disk by the sandbox user):
+The job arrives as a `grade` job of the job protocol (tito.jobs) on stdin (so nothing of it needs to be readable on
+disk by the sandbox user), with the payload
 
     {"notebook": <the sanitized notebook, hidden tests removed>, "files": {"tinytorch/core/tensor.py": <base64>},
      "workdir": "/tmp/...", "deadline_s": 120, "cell_timeout_s": 60, "output_limit": 100000,
@@ -10,9 +11,9 @@ The job arrives as JSON on stdin (so nothing of it needs to be readable on disk 
 trusted side, never a graded or solution cell); each gets one output line saying so.
 
 The worker writes the package files under WORKDIR/pkg (first on the kernel's PYTHONPATH), runs the
-notebook cell by cell in a fresh kernel whose working directory and HOME are under WORKDIR, and writes
-one JSON object to stdout: {"notebook": <executed>, "status": "ok" | "timed out" | "kernel died" |
-"error", "reason": "...", "seconds": wall, "cpu_s": CPU seconds of this worker and its kernel}. It holds no reference code, expected value or hidden test: the trusted checks
+notebook cell by cell in a fresh kernel whose working directory and HOME are under WORKDIR, and answers
+with the protocol's result message: {"notebook": <executed>, "status": "ok" | "timed out" | "kernel died" |
+"error", "reason": "...", "seconds": wall} and its `cpu_s` (this worker and its kernel). It holds no reference code, expected value or hidden test: the trusted checks
 run elsewhere (tito.trusted), in a fresh process that never ran the notebook.
 
 It runs in Python's isolated mode from a read-only copy of the tito code it needs, with a working
@@ -32,8 +33,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import resource
-import signal
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  (None:
 import nbformat  # noqa: E402
 from nbclient.exceptions import DeadKernelError  # noqa: E402
 
+from tito.jobs import Channel, serve  # noqa: E402
 from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell  # noqa: E402
 
 # Run by the kernel before the notebook (an IPython startup file in the kernel's HOME): `import matplotlib.pyplot`
@@ -75,20 +75,6 @@ del __tito_lazy_pyplot
 
 MAX_ERRORS_PER_CELL = 2  # error outputs kept per cell (the first one carries a visible test's message)
 ERROR_CHARS = 4000  # characters of one kept error output
-
-
-def _set_parent_death_signal() -> None:
-    """Die with the process that started us (Linux), so no worker outlives an interrupted tito."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: the student's kernel (same user) cannot ptrace this process
-    except OSError:
-        return
 
 
 def _error_output(ename: str, evalue: str):
@@ -282,22 +268,16 @@ def run(job: dict) -> dict:
         if cell.cell_type == "code" and cell.source.strip() and i not in executed:
             cell.outputs = [_error_output("NotRun", why)]
     return {"notebook": nbformat.writes(nb), "status": status, "reason": reason,
-            "seconds": round(time.monotonic() - start, 2), "cpu_s": cpu_seconds()}
+            "seconds": round(time.monotonic() - start, 2)}
 
 
-def cpu_seconds() -> float:
-    """CPU seconds (user and system) of this worker and its reaped children (the kernel, shut down by now)."""
-    return round(sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                        resource.getrusage(resource.RUSAGE_CHILDREN))), 3)
+def _serve(job: dict, chan: Channel) -> dict:
+    chan.ready()  # every import is done (above): no notebook code has run
+    return run(job)
 
 
 def main() -> int:
-    _set_parent_death_signal()
-    job = json.loads(sys.stdin.read())
-    result = run(job)
-    sys.stdout.write(json.dumps(result))
-    sys.stdout.flush()
-    return 0
+    return serve("grade", _serve)  # the job protocol (tito.jobs): the result carries this worker's and its kernel's cpu_s
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from typing import Callable
 import nbformat
 from nbgrader.preprocessors import ClearHiddenTests, SaveAutoGrades
 
+from . import jobs
 from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
 from .integrity import restore_graded_cells
 from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
@@ -1445,24 +1446,6 @@ def prerequisite_imports(files: dict[str, str]) -> list[str]:
     return ["tinytorch", *sorted(out)]
 
 
-def isolated_env(box) -> dict:
-    """The environment of a process started in isolated mode (`python -I` ignores PYTHON* variables anyway)."""
-    env = {k: v for k, v in box.env().items() if not k.startswith("PYTHON")}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="2",
-               MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
-    return env
-
-
-def _isolated(box, module: str, slot: int, chdir: str | None = None) -> list[str]:
-    """`box.isolated(module, slot, chdir=chdir)`, built once per run: it is the same command for every submission
-    of a slot, and building it resolves every path the sandbox binds (milliseconds of tito's process per start)."""
-    cache = box.__dict__.setdefault("_commands", {})
-    key = (module, slot, chdir)
-    if key not in cache:
-        cache[key] = box.isolated(module, slot, chdir=chdir)
-    return list(cache[key])
-
-
 class ProbeRun:
     """One submission's trusted checks, run in a thread: `plan.run` over a probe process in a fresh sandbox of the
     submission's slot (its own PID namespace and private /tmp: nothing the notebook wrote is there)."""
@@ -1483,14 +1466,10 @@ class ProbeRun:
             raise RuntimeError("grading stopped")
         box = self.box
         if box.mode == "none":
-            cwd = tempfile.mkdtemp(prefix="probe-", dir=self.scratch)
-            cmd = _isolated(box, "tito.probe_run", self.slot)
+            proc = jobs.start(box, "tito.probe_run", slot=self.slot, group=self.group,
+                              cwd=tempfile.mkdtemp(prefix="probe-", dir=self.scratch))
         else:
-            cwd = str(box.code_root)
-            base = "/tmp" if box.mode == "bwrap" or box.private_tmp else "/dev/shm"
-            cmd = _isolated(box, "tito.probe_run", self.slot, chdir=base)
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(self.group))
+            proc = jobs.start(box, "tito.probe_run", slot=self.slot, group=self.group, chdir=box.private_base())
         self.procs.append(proc)
         return proc
 
@@ -1542,17 +1521,16 @@ class WorkerPool:
                            "deadline_s": g.notebook_timeout, "cell_timeout_s": g.cell_timeout,
                            "output_limit": g.output_limit, "notebook_output_limit": g.notebook_output_limit,
                            "skip": job.skip})
-        payload = (self.files_json, rest[1:].encode())  # written in two parts: the package is not copied again
-        cwd = str(box.code_root) if box.code_root is not None else tempfile.gettempdir()
-        # the job goes in as an open file (in this run's root-only scratch folder, unlinked at once): starting a
-        # worker never waits for it to read a pipe, so the next submission starts at once
+        # the job (tito.jobs) goes in as an open file (in this run's root-only scratch folder, unlinked at once):
+        # starting a worker never waits for it to read a pipe, so the next submission starts at once; its reply
+        # goes to a file read when it exits. Written in parts: the package, encoded once per run, is not copied again
+        head, tail = jobs.job_frame("grade")
         job_file = self.scratch / f"{job.student}.job"
         with open(job_file, "wb") as f:
-            f.writelines(payload)
+            f.writelines((head, self.files_json, rest[1:].encode(), tail))
         with open(job_file, "rb") as fi, open(out, "wb") as fo, open(errf, "wb") as fe:
             job_file.unlink()
-            proc = subprocess.Popen(_isolated(box, "tito.grade_worker", slot), stdin=fi, stdout=fo,
-                                    stderr=fe, env=isolated_env(box), cwd=cwd, preexec_fn=box.preexec(group))
+            proc = jobs.start(box, "tito.grade_worker", slot=slot, group=group, stdin=fi, stdout=fo, stderr=fe)
         probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch) if job.probe is not None else None
         now = time.monotonic()
         self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot, group,
@@ -1571,11 +1549,16 @@ class WorkerPool:
         limit = 4 * (self.g.notebook_output_limit + self.g.output_limit) + (64 << 20)
         try:
             if not killed and r.out.stat().st_size <= limit:
-                result = json.loads(r.out.read_text(encoding="utf-8"))
+                reply = jobs.read_reply(r.out.read_bytes())
+                result = reply.result
                 if not isinstance(result, dict) or result.get("status") not in ("ok", "timed out", "kernel died", "error") \
                         or not isinstance(result.get("notebook"), str):
                     result = None
-        except (OSError, ValueError, RecursionError):
+                else:
+                    result["cpu_s"] = reply.cpu_s
+                if reply.fatal:
+                    err_text += f"\n{reply.fatal}"  # the worker's own failure: the reason's last line
+        except OSError:
             result = None
         size = r.out.stat().st_size if r.out.exists() else 0
         for p in (r.out, r.err):

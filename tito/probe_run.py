@@ -1,6 +1,7 @@
 """Run the probes of one module over one package: `python -I -m tito.probe_run` (tito.trusted starts it).
 
-One job, one fresh process. The job arrives as the first line of stdin (JSON):
+One job, one fresh process, on the job protocol (tito.jobs): a `probe` job arrives as the first line of stdin,
+with the payload
 
     {"module": "13", "seed": 123, "package_module": "tinytorch.models.gpt", "mode": "replay" | "record",
      "files": {"tinytorch/models/gpt.py": <base64>, ...} | "pkg_dir": "/path/holding/tinytorch"}
@@ -8,13 +9,14 @@ One job, one fresh process. The job arrives as the first line of stdin (JSON):
 `files` (the prerequisite package and the student's exported module) are written into a fresh folder
 under the working directory, made read-only, and put first on sys.path. Every import the runner needs
 (NumPy, the probe file, the standard library modules probes use) is done before any student code
-runs; then the graded module is imported, and the runner answers commands on stdin:
+runs; it says `ready`, then the graded module is imported, and the runner answers the job's own messages:
 
     {"t": "run", "ex": "13.3"}      -> {"t": "start", "ex": "13.3"}, ... {"t": "record", "ex": "13.3", ...}
-    {"t": "exit"}                  -> {"t": "bye", "cpu_s": 1.2}  (CPU seconds this process used, for benchmarks)
+    {"t": "exit"}                  -> {"t": "result", "result": {}, "cpu_s": 1.2}  (the protocol's end; CPU seconds
+                                      this process used, for benchmarks)
 
-Messages go out on a private copy of stdout taken before the student's code runs (the student's own
-prints go nowhere). In `replay` mode (the student's code, in the sandbox) a call of a name in the
+Messages go out on the protocol's private copy of stdout taken before the student's code runs (the student's own
+prints go where the parent sent stderr: nowhere). In `replay` mode (the student's code, in the sandbox) a call of a name in the
 probe's `replay=` asks the trusted process for the reference's recorded outcome of that call:
 
     {"t": "call", "ex": "13.3", "name": "LayerNormFunction.forward", "key": <the arguments, as data>}
@@ -37,13 +39,13 @@ import json
 import math
 import os
 import re  # noqa: F401
-import resource
 import sys
 import types
 
 import numpy as np
 
 from tito import probes as P
+from tito.jobs import Channel, serve  # noqa: F401  (Channel: the messages' one framing)
 
 MAX_DEPTH = 8  # how deep arguments are read as data
 MAX_OBJECTS = 20_000  # objects reachable from one call's arguments that are tracked
@@ -58,12 +60,6 @@ class Unreplayable(Exception):
 
 class NoKey(Exception):
     """The arguments cannot be read as data (an iterator, a file): the student's own code runs."""
-
-
-def cpu_seconds() -> float:
-    """CPU seconds (user and system) this process and the children it waited for used."""
-    return round(sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                        resource.getrusage(resource.RUSAGE_CHILDREN))), 3)
 
 
 # ------------------------------------------------------------------ reading values as data
@@ -581,34 +577,6 @@ class Wrapped:
 # ------------------------------------------------------------------ the runner
 
 
-class Channel:
-    def __init__(self, fin, fout):
-        self.fin, self.fout = fin, fout
-
-    def send(self, msg: dict) -> None:
-        self.fout.write(json.dumps(msg, separators=(",", ":")) + "\n")
-        self.fout.flush()
-
-    def receive(self) -> dict:
-        line = self.fin.readline()
-        if not line:
-            raise SystemExit(0)
-        return json.loads(line)
-
-
-def _private_channel() -> Channel:
-    """The job's messages go through copies of stdin and stdout; fds 0, 1 and 2 then point to /dev/null, so the
-    student's prints and reads do not touch them."""
-    fin = os.fdopen(os.dup(0), "r", encoding="utf-8")
-    fout = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    sys.stdin = open(os.devnull, encoding="utf-8")
-    sys.stdout = sys.stderr = open(os.devnull, "w", encoding="utf-8")
-    return Channel(fin, fout)
-
-
 def _write_files(files: dict, root: str) -> None:
     for rel, data in files.items():
         rel = os.path.normpath(rel)
@@ -626,18 +594,10 @@ def _write_files(files: dict, root: str) -> None:
 
 
 def main() -> int:
-    chan = _private_channel()
-    try:
-        return run(chan)
-    except SystemExit:
-        raise
-    except BaseException as e:  # the runner's own failure (before or between probes): said on the channel
-        chan.send({"t": "fatal", "why": f"{type(e).__name__}: {P.safe_str(e)}"})
-        return 1
+    return serve("probe", run)  # the job protocol (tito.jobs): its result message carries this process's cpu_s
 
 
-def run(chan: Channel) -> int:
-    job = chan.receive()
+def run(job: dict, chan: Channel) -> dict:
     mode = job.get("mode", "replay")
     work = os.getcwd()
     if "files" in job:
@@ -661,8 +621,7 @@ def run(chan: Channel) -> int:
         import_error = {"kind": "import", "type": type(e).__name__, "message": P.safe_str(e)}
     while True:
         cmd = chan.receive()
-        if cmd.get("t") != "run":
-            chan.send({"t": "bye", "cpu_s": cpu_seconds()})  # what this process (and its children) used
+        if cmd.get("t") != "run":  # "exit": the result message (with the CPU seconds used) ends the job
             break
         ex = str(cmd.get("ex"))
         chan.send({"t": "start", "ex": ex})
@@ -736,7 +695,7 @@ def run(chan: Channel) -> int:
         if mode == "record":
             msg["calls"] = calls
         chan.send(msg)
-    return 0
+    return {}
 
 
 if __name__ == "__main__":

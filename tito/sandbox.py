@@ -59,7 +59,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from .course import CourseError
 
@@ -452,12 +452,11 @@ class Sandbox:
     def _uid(self, slot: int) -> int:
         return self.uids[slot % len(self.uids)]
 
-    def command(self, python: str, workdir: str, slot: int = 0, worker_module: str = "tito.grade_worker",
-                ro: tuple = (), rw: tuple = (), chdir: str | None = None) -> list[str]:
-        """The command line that starts `python -m worker_module` in this sandbox. bwrap only: `ro` and `rw`
-        are host paths bound read-only / writable at the same path (or (host path, path inside) pairs),
-        `chdir` the working directory."""
-        return self._inside([python, "-m", worker_module], slot, ro, rw, chdir)
+    def command(self, module: str, slot: int = 0, ro: tuple = (), rw: tuple = (), chdir: str | None = None) -> list[str]:
+        """The command line that starts `python -m module` in this sandbox (the course's tito on PYTHONPATH: `tito
+        compete`'s worker). bwrap only: `ro` and `rw` are host paths bound read-only / writable at the same path
+        (or (host path, path inside) pairs), `chdir` the working directory."""
+        return self._inside([sys.executable, "-m", module], slot, ro, rw, chdir)
 
     def _inside(self, cmd: list[str], slot: int, ro: tuple = (), rw: tuple = (), chdir: str | None = None,
                 ns_workdir: str | None = None) -> list[str]:
@@ -523,6 +522,11 @@ class Sandbox:
                 args += [how, str(src), str(p)]
         args += ["--chdir", chdir or "/tmp", "--setenv", "TMPDIR", "/tmp"]
         return args
+
+    def private_base(self) -> str:
+        """The sandbox's private scratch folder, as its processes see it (namespace mode with the course under /tmp:
+        /dev/shm)."""
+        return "/tmp" if self.mode == "bwrap" or self.private_tmp else "/dev/shm"
 
     def workdir_base(self) -> str:
         # inside the sandbox /tmp (or /dev/shm, see private_tmp) is a fresh private tmpfs
@@ -677,10 +681,29 @@ def _unreachable(path: Path) -> Path | None:
     return None
 
 
-def diagnose(box: Sandbox, detail: str) -> str:
-    """One line: why the worker did not start in `box`, and the fix."""
+@dataclass
+class Trial:
+    """One worker a run will start, tried once before any submission: started as the run starts it (`start(log)`:
+    its stderr to the open file `log`), given a job of the job protocol (tito.jobs), its result judged by `check`
+    ('' or one line: the cause and the fix). `what` names it; `none` says how to run without the sandbox (`run with
+    --sandbox none`), `bwrap` the setting that chooses bubblewrap."""
+    what: str
+    kind: str
+    payload: dict
+    start: Callable
+    check: Callable[[dict], str] | None = None
+    then: tuple = ()  # the job's own messages, sent after it (the probe runner's `exit`)
+    none: str = "run `tito nbgrader autograde` with `[grading] sandbox = none`"
+    bwrap: str = "`[grading] sandbox = bwrap`"
+
+
+def diagnose(box: Sandbox, detail: str, trial: Trial | None = None) -> str:
+    """One line: why the worker (`trial`'s; grading's by default) did not start in `box`, and the fix."""
+    what = trial.what if trial else "the grading worker"
+    none = trial.none if trial else Trial.none
+    bwrap = trial.bwrap if trial else Trial.bwrap
     if box.drops_user and box.mode == "namespace":
-        for what, p in (("the interpreter", Path(sys.executable)), ("the interpreter's real file",
+        for part, p in (("the interpreter", Path(sys.executable)), ("the interpreter's real file",
                                                                       Path(sys.executable).resolve()),
                         ("the standard library", Path(sys.base_prefix)), ("the virtual environment", Path(sys.prefix)),
                         ("tito's code", Path(__file__).resolve().parent)):
@@ -690,13 +713,14 @@ def diagnose(box: Sandbox, detail: str) -> str:
                 system = next((q for q in ("/usr/bin/python3", "/usr/local/bin/python3")
                                if os.path.exists(q) and _unreachable(Path(q).resolve()) is None), "")
                 fix = ("recreate the course venv from a Python outside it"
-                       + (f" (`{system} -m venv .venv`)" if system else "") if what != "tito's code"
+                       + (f" (`{system} -m venv .venv`)" if system else "") if part != "tito's code"
                        else "move the course to a folder other users can read")
-                return (f"sandbox {box.mode}: {what} ({p}) lies under {blocked} (mode {mode}), which the sandbox "
-                        f"user cannot read: {fix}, or grade with `[grading] sandbox = bwrap` "
-                        f"(`apt-get install bubblewrap`), which binds it read-only")
-    return (f"sandbox {box.mode}: the grading worker does not start ({detail}); run "
-            f"`tito nbgrader autograde` with `[grading] sandbox = none` to see whether the sandbox is the cause")
+                return (f"sandbox {box.mode}: {part} ({p}) lies under {blocked} (mode {mode}), which the sandbox "
+                        f"user cannot read: {fix}, or use {bwrap} (`apt-get install bubblewrap`), which binds it "
+                        "read-only")
+    return (f"sandbox {box.mode}: {what} does not start ({detail}); {none} to see whether the sandbox is the cause"
+            + (f"; with bubblewrap installed (`apt-get install bubblewrap`) {bwrap} binds what the worker needs "
+               "read-only" if box.mode == "namespace" else ""))
 
 
 def _stamp_key(box: Sandbox, files: dict[str, str]) -> str:
@@ -709,7 +733,7 @@ def _stamp_key(box: Sandbox, files: dict[str, str]) -> str:
     for part in (box.mode, sys.executable, sys.version, str(box.uids[:1]), str(box.memory_bytes),
                  str(box.max_processes), args):
         h.update(part.encode() + b"\0")
-    for p in (Path(sys.executable), Path(__file__).with_name("grade_worker.py")):
+    for p in (Path(sys.executable), Path(__file__).with_name("grade_worker.py"), Path(__file__).with_name("jobs.py")):
         try:
             h.update(str(p.stat().st_mtime_ns).encode())
         except OSError:
@@ -718,79 +742,88 @@ def _stamp_key(box: Sandbox, files: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def preflight(box: Sandbox, files: dict[str, str], imports: list[str], stamp: Path | None = None,
-              timeout: float = 120) -> float:
-    """Start the worker as grading will (sandbox, limits, interpreter, the course package copy) on a
-    one-cell notebook importing `imports`; CourseError with the cause and the fix when it fails.
+def try_worker(box: Sandbox, trial: Trial, timeout: float) -> dict:
+    """Start `trial`'s worker and give it its job; its result, or CourseError with one line (`diagnose`)."""
+    from . import jobs
 
-    Returns the seconds it took (0 when `stamp` says this exact setup passed before)."""
-    import time
+    with tempfile.TemporaryFile() as log:
+        try:
+            reply = jobs.run(trial.start(log), trial.kind, trial.payload, time.monotonic() + timeout + 30,
+                             then=trial.then)
+        except OSError as e:
+            raise CourseError(diagnose(box, f"{type(e).__name__}: {e}", trial)) from None
+        log.seek(0)
+        err = [ln for ln in log.read()[-4000:].decode("utf-8", "replace").strip().splitlines() if ln.strip()]
+    if reply.result is not None:
+        why = trial.check(reply.result) if trial.check else ""
+        if why:
+            raise CourseError(why)
+        return reply.result
+    if reply.fatal:
+        detail = reply.fatal[:200]
+    elif reply.ended == "timeout":
+        detail = f"no answer within {timeout + 30:g} s"
+    else:
+        detail = err[-1][:200] if err else f"exit code {reply.code}, no output"
+    raise CourseError(diagnose(box, detail, trial))
 
+
+def grading_trials(box: Sandbox, files: dict[str, str], imports: list[str], timeout: float) -> list[Trial]:
+    """Grading's workers: the notebook worker on a one-cell notebook importing `imports` in its kernel (with the
+    course package copy `files`), and the probe runner (it must start and import what it needs)."""
     import nbformat
 
-    key = _stamp_key(box, files)
-    if stamp is not None and stamp.exists() and stamp.read_text().strip() == key:
-        return 0.0
-    t0 = time.monotonic()
+    from . import jobs
+
     src = "\n".join(["import sys"] + [f"import {m}" for m in imports] + ["print('preflight ok')"])
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)])
     workdir = (f"{box.workdir_base()}/preflight" if box.workdir_base() else tempfile.mkdtemp(prefix="tito-preflight-"))
-    payload = json.dumps({"notebook": nbformat.writes(nb), "files": files, "workdir": workdir,
-                          "deadline_s": timeout, "cell_timeout_s": timeout})
-    if box.code_root is not None:
-        cmd, env = box.isolated("tito.grade_worker"), {k: v for k, v in box.env().items() if not k.startswith("PYTHON")}
-        cwd = str(box.code_root)
-    else:
-        cmd, env, cwd = box.command(sys.executable, workdir), box.env(), tempfile.gettempdir()
-    try:
-        proc = subprocess.run(cmd, input=payload.encode(), capture_output=True, env=env, cwd=cwd,
-                              preexec_fn=box.preexec(), timeout=timeout + 30)
-    except subprocess.TimeoutExpired:
-        raise CourseError(diagnose(box, f"no answer within {timeout + 30:g} s")) from None
-    except OSError as e:
-        raise CourseError(diagnose(box, f"{type(e).__name__}: {e}")) from None
-    finally:
+
+    def check_notebook(result: dict) -> str:
         if box.mode == "none":
             shutil.rmtree(workdir, ignore_errors=True)
-    err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-    try:
-        result = json.loads(proc.stdout.decode("utf-8", "replace"))
-    except ValueError:
-        last = err[-1][:200] if err else f"exit code {proc.returncode}, no output"
-        raise CourseError(diagnose(box, last)) from None
-    if result.get("status") != "ok":
-        raise CourseError(diagnose(box, f"{result.get('status')}: {result.get('reason')}"))
-    cell = nbformat.reads(result["notebook"], as_version=4).cells[0]
-    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    if errors:
-        e = errors[0]
-        raise CourseError(f"sandbox {box.mode}: the course package does not import in the grading kernel "
-                          f"({e.get('ename')}: {e.get('evalue')}): run `tito test` on the prerequisite modules")
+        if result.get("status") != "ok":
+            return diagnose(box, f"{result.get('status')}: {result.get('reason')}")
+        errors = [o for o in nbformat.reads(result["notebook"], as_version=4).cells[0].get("outputs", [])
+                  if o.get("output_type") == "error"]
+        if errors:
+            e = errors[0]
+            return (f"sandbox {box.mode}: the course package does not import in the grading kernel "
+                    f"({e.get('ename')}: {e.get('evalue')}): run `tito test` on the prerequisite modules")
+        return ""
+
+    trials = [Trial("the grading worker", "grade",
+                    {"notebook": nbformat.writes(nb), "files": files, "workdir": workdir, "deadline_s": timeout,
+                     "cell_timeout_s": timeout},
+                    lambda log: jobs.start(box, "tito.grade_worker", stdout=subprocess.PIPE, stderr=log),
+                    check_notebook)]
     if box.code_root is not None:
-        _preflight_probe_runner(box, timeout)
+        def start_probe(log):
+            if box.mode == "none":
+                return jobs.start(box, "tito.probe_run", stderr=log, cwd=tempfile.mkdtemp(prefix="tito-preflight-"))
+            return jobs.start(box, "tito.probe_run", stderr=log, chdir=box.private_base())
+
+        # a job with no exercises: it starts, imports, says `ready`, and ends at the parent's `exit`
+        trials.append(Trial("the probe runner", "probe", {"module": "00", "seed": 0, "package_module": "tinytorch",
+                                                          "mode": "replay", "files": {}}, start_probe,
+                            then=({"t": "exit"},)))
+    return trials
+
+
+def preflight(box: Sandbox, files: dict[str, str] | None = None, imports: list[str] = (), stamp: Path | None = None,
+              timeout: float = 120, trials: list[Trial] | None = None) -> float:
+    """Start the workers as the run will (sandbox, limits, interpreter; grading's by default: `grading_trials`) and
+    give each a job; CourseError with the cause and the fix, in one line, when one fails. The one preflight of
+    grading, of each node of a cluster and of `tito compete`.
+
+    Returns the seconds it took (0 when `stamp` says this exact setup passed before)."""
+    key = _stamp_key(box, files or {}) if stamp is not None else ""
+    if stamp is not None and stamp.exists() and stamp.read_text().strip() == key:
+        return 0.0
+    t0 = time.monotonic()
+    for trial in trials if trials is not None else grading_trials(box, files or {}, list(imports), timeout):
+        try_worker(box, trial, timeout)
     if stamp is not None:
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text(key + "\n")
     return time.monotonic() - t0
-
-
-def _preflight_probe_runner(box: Sandbox, timeout: float) -> None:
-    """The probe runner starts in the sandbox and imports what it needs (it answers `ready`)."""
-    base = "/tmp" if box.mode == "bwrap" or box.private_tmp else "/dev/shm"
-    work = tempfile.mkdtemp(prefix="tito-preflight-") if box.mode == "none" else str(box.code_root)
-    env = {k: v for k, v in box.env().items() if not k.startswith("PYTHON")}
-    job = {"module": "00", "seed": 0, "package_module": "tinytorch", "mode": "replay", "files": {}}
-    try:
-        proc = subprocess.run(box.isolated("tito.probe_run", chdir=base), input=(json.dumps(job) + "\n").encode(),
-                              capture_output=True, env=env, cwd=work, preexec_fn=box.preexec(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise CourseError(diagnose(box, f"the probe runner gave no answer within {timeout:g} s")) from None
-    finally:
-        if box.mode == "none":
-            shutil.rmtree(work, ignore_errors=True)
-    first = proc.stdout.decode("utf-8", "replace").splitlines()[:1]
-    if first and first[0].startswith('{"t":"fatal"'):
-        first = [json.loads(first[0]).get("why", "")[:200]]
-    if first != ['{"t":"ready"}']:
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise CourseError(diagnose(box, f"the probe runner did not start ({(err or first or ['no output'])[-1][:200]})"))

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import secrets
-import select
 import shutil
 import signal
 import subprocess
@@ -54,17 +53,18 @@ from . import probes as P
 from .course import CourseError, Module
 from .notebooks import ANSI_RE, exercise_label, is_test_cell
 from .notebooks import read as read_notebook
+from .jobs import MAX_LINE, Ended, Reply, Session, ends  # MAX_LINE: one message (a record with its arrays, as base64)
 from .proc import kill_tree
 from .sandbox import BOOT  # python -I -c BOOT CODE_ROOT MODULE: nothing else of tito on sys.path, never the course
 
 CHECK_ERROR = "AutograderCheck"  # ename of the error output a failed trusted check adds to its cell
 NOTE_PREFIX = "[autograder] "
 TITO_DIR = Path(__file__).resolve().parent
-MAX_LINE = 64 << 20  # one message of a probe process (a record with its arrays, as base64)
 REPLAY_RTOL, REPLAY_ATOL = 1e-5, 1e-6  # a replayed call matches a recorded one within these
 MAX_ORACLE_CALLS = 200_000  # per exercise
-WORKER_FILES = ("__init__.py", "grade_worker.py", "notebooks.py", "failures.py", "course.py", "progress.py", "proc.py")
-PROBE_FILES = ("__init__.py", "probe_run.py")
+WORKER_FILES = ("__init__.py", "jobs.py", "grade_worker.py", "notebooks.py", "failures.py", "course.py", "progress.py",
+                "proc.py")
+PROBE_FILES = ("__init__.py", "jobs.py", "probe_run.py")
 
 
 def new_seed() -> int:
@@ -74,7 +74,8 @@ def new_seed() -> int:
 def probe_digest(module: Module) -> str:
     """Changes when the module's probes or the probe machinery change (part of the grading fingerprint)."""
     h = hashlib.sha256()
-    for f in (Path(P.__file__), P.probe_file(module.number), TITO_DIR / "probe_run.py", Path(__file__)):
+    for f in (Path(P.__file__), P.probe_file(module.number), TITO_DIR / "probe_run.py", TITO_DIR / "jobs.py",
+              Path(__file__)):
         if f.exists():
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -109,66 +110,6 @@ def code_tree(dest: Path, number: str | None) -> Path:
 # ------------------------------------------------------------------ talking to a probe process
 
 
-class _Ended(Exception):
-    """The probe process stopped answering: `why` is the trusted side's own words."""
-
-    def __init__(self, why: str):
-        super().__init__(why)
-        self.why = why
-
-
-class Conn:
-    """Line-delimited JSON with a probe process over its stdin and stdout, every wait bounded by a deadline."""
-
-    def __init__(self, proc: subprocess.Popen, clock: Callable[[], float]):
-        self.proc, self.clock, self.buf = proc, clock, b""
-        self.rfd, self.wfd = proc.stdout.fileno(), proc.stdin.fileno()
-        os.set_blocking(self.rfd, False)
-        os.set_blocking(self.wfd, False)
-
-    def receive(self, deadline: float) -> dict:
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                line, self.buf = self.buf[:i], self.buf[i + 1:]
-                try:
-                    msg = json.loads(line)
-                except (ValueError, RecursionError):
-                    raise _Ended("sent something that is not a message of the checker") from None
-                if not isinstance(msg, dict):
-                    raise _Ended("sent something that is not a message of the checker")
-                return msg
-            if len(self.buf) > MAX_LINE:
-                raise _Ended(f"sent a message over {MAX_LINE >> 20} MB")
-            left = deadline - self.clock()
-            if left <= 0:
-                raise _Ended("timeout")
-            ready, _, _ = select.select([self.rfd], [], [], min(left, 0.25))
-            if ready:
-                try:
-                    chunk = os.read(self.rfd, 1 << 20)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    raise _Ended("exit")
-                self.buf += chunk
-
-    def send(self, msg: dict, deadline: float) -> None:
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
-        while data:
-            left = deadline - self.clock()
-            if left <= 0:
-                raise _Ended("timeout")
-            _, ready, _ = select.select([], [self.wfd], [], min(left, 0.25))
-            if ready:
-                try:
-                    data = data[os.write(self.wfd, data):]
-                except BlockingIOError:
-                    continue
-                except (BrokenPipeError, OSError):
-                    raise _Ended("exit") from None
-
-
 def _how_it_ended(proc: subprocess.Popen, killed: bool) -> str:
     code = proc.returncode
     if killed:
@@ -199,14 +140,14 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
     budget_end = clock() + budget_s
     while remaining:
         proc = spawn()
-        conn = Conn(proc, clock)
+        conn = Session(proc, clock)
         current, killed, by_budget = None, False, False
         try:
             started = clock()
-            conn.send(job, started + start_s)
+            conn.send_job("probe", job, started + start_s)
             msg = conn.receive(started + start_s)
             if msg.get("t") != "ready":
-                raise _Ended("did not start" if msg.get("t") != "fatal" else "failed to start")
+                raise Ended("did not start" if msg.get("t") != "fatal" else "failed to start")
             budget_end += clock() - started  # starting a process is not the exercises' time
             while remaining:
                 current = remaining[0]
@@ -236,12 +177,12 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
                 remaining.pop(0)
             conn.send({"t": "exit"}, clock() + 5)
             try:  # its CPU time (the sandbox's cost, for benchmarks): a number, never part of a verdict
-                bye = conn.receive(clock() + 5)
-                if usage is not None and bye.get("t") == "bye":
-                    usage["cpu_s"] = usage.get("cpu_s", 0.0) + min(max(float(bye.get("cpu_s", 0)), 0.0), 1e6)
-            except (_Ended, TypeError, ValueError):
+                end = Reply()
+                if ends(conn.receive(clock() + 5), end) and usage is not None and end.result is not None:
+                    usage["cpu_s"] = usage.get("cpu_s", 0.0) + end.cpu_s
+            except Ended:
                 pass
-        except _Ended as e:
+        except Ended as e:
             killed = e.why == "timeout"
             kill(proc)
             if current is None:  # it never got to an exercise: the start itself failed
@@ -266,15 +207,7 @@ def run_probe_job(spawn: Callable[[], subprocess.Popen], kill: Callable[[subproc
                 return results
             continue
         finally:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                kill(proc)
-            for f in (proc.stdin, proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
+            conn.close(kill)
     return results
 
 
