@@ -48,6 +48,11 @@ FORMAT_ONLY_MODULES = ("rfc3987_syntax", "rfc3987", "rfc3986_validator", "rfc333
                        "idna", "webcolors", "jsonpointer", "uri_template")
 for _name in FORMAT_ONLY_MODULES:
     sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
+# nbformat validates each output it builds from a kernel message (nbclient's output_from_msg, new_output): with its
+# default validator that first compiles the whole notebook schema to Python (fastjsonschema, about 0.1 s of CPU per
+# submission) to check a few dozen small outputs; jsonschema's validator needs no compiling (and the kernel gets an
+# environment of its own: this setting stays in this process)
+os.environ["NBFORMAT_VALIDATOR"] = "jsonschema"
 
 import nbformat.v4  # noqa: E402
 from nbclient.exceptions import DeadKernelError  # noqa: E402
