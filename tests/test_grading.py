@@ -769,18 +769,26 @@ def test_results_file_is_written_in_batches_and_at_flush(tmp_path):
 
 def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):
     """The worker's kernel binds `import matplotlib.pyplot` lazily: a notebook whose plots are skipped when grading
-    never pays for pyplot (and its font cache); a cell that plots still gets its figure."""
+    never pays for matplotlib's package nor for pyplot (and its font cache); a cell that plots still gets its figure,
+    and matplotlib's own attributes are there when read. The kernel runs without the debugger's module."""
     from tito import grade_worker
 
+    loaded = "print('loaded', [m in sys.modules for m in ('matplotlib.rcsetup', 'matplotlib.figure')])"
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (
-        "import sys\nimport matplotlib.pyplot as plt\nprint('loaded', 'matplotlib.figure' in sys.modules)",
-        "plt.plot([1, 2]); plt.show()\nprint('loaded', 'matplotlib.figure' in sys.modules)")]
+        f"import sys\nimport matplotlib.pyplot as plt\nfrom matplotlib import pyplot\n{loaded}",
+        f"import matplotlib\nprint(matplotlib.__file__.endswith('__init__.py'), pyplot is plt)\n{loaded}",
+        "print(matplotlib.rcParams['axes.grid'] in (True, False), type(matplotlib).__name__)\n" + loaded,
+        f"plt.plot([1, 2]); plt.show()\n{loaded}",
+        "print('debugpy', [m for m, v in sys.modules.items() if m.startswith(('debugpy', '_pydevd')) and v is not None])")]
     job = {"notebook": nbformat.writes(nb), "files": {}, "workdir": str(tmp_path / "w"), "deadline_s": 120,
            "cell_timeout_s": 60}
     out = nbformat.reads(grade_worker.run(job)["notebook"], as_version=4)
     texts = ["".join(o.get("text", "") for o in c.outputs) for c in out.cells]
-    assert texts[0] == "loaded False\n", texts
-    assert "loaded True" in texts[1], texts
-    assert any("image/png" in o.get("data", {}) for o in out.cells[1].outputs), out.cells[1].outputs
+    assert texts[0] == "loaded [False, False]\n", texts
+    assert texts[1] == "True True\nloaded [False, False]\n", texts
+    assert texts[2] == "True module\nloaded [True, False]\n", texts
+    assert "loaded [True, True]" in texts[3], texts
+    assert any("image/png" in o.get("data", {}) for o in out.cells[3].outputs), out.cells[3].outputs
+    assert texts[4] == "debugpy []\n", texts
     assert not [n for c in out.cells for o in c.outputs if o.output_type == "stream" for n in [o.text] if "tito" in n]

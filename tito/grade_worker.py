@@ -38,40 +38,112 @@ import sys
 import time
 from pathlib import Path
 
-# jsonschema (under nbformat) imports rfc3987_syntax when it is installed, for an IRI format no notebook schema uses:
-# building its grammar costs about 2.5 s of CPU, more than half of what this worker otherwise spends per submission
-sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  (None: `import` raises ImportError)
+# jsonschema (imported by nbformat, which nbclient imports) imports these when they are installed, for the string
+# formats of its format checker (IRIs, dates, durations, colours...). This worker never validates a notebook (it reads
+# and writes the one the trusted side validated, and the trusted side validates what comes back), so none is needed:
+# rfc3987_syntax alone builds a grammar for about 2.5 s of CPU, the others (arrow under isoduration among them) cost
+# about 0.15 s more per submission. A name set to None here makes `import` raise ImportError: jsonschema skips it.
+FORMAT_ONLY_MODULES = ("rfc3987_syntax", "rfc3987", "rfc3986_validator", "rfc3339_validator", "isoduration", "fqdn",
+                       "idna", "webcolors", "jsonpointer", "uri_template")
+for _name in FORMAT_ONLY_MODULES:
+    sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
+# nbformat validates each output it builds from a kernel message (nbclient's output_from_msg, new_output): with its
+# default validator that first compiles the whole notebook schema to Python (fastjsonschema, about 0.1 s of CPU per
+# submission) to check a few dozen small outputs; jsonschema's validator needs no compiling (and the kernel gets an
+# environment of its own: this setting stays in this process)
+os.environ["NBFORMAT_VALIDATOR"] = "jsonschema"
 
-import nbformat  # noqa: E402
+import nbformat.v4  # noqa: E402
 from nbclient.exceptions import DeadKernelError  # noqa: E402
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager  # noqa: E402
 
 from tito.jobs import Channel, serve  # noqa: E402
 from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell  # noqa: E402
 
 # Run by the kernel before the notebook (an IPython startup file in the kernel's HOME): `import matplotlib.pyplot`
-# binds a module that loads on its first use. A notebook imports pyplot with the rest of its imports, and in most
-# notebooks only plots use it, which are skipped when grading: pyplot and its font cache cost about 1 s of CPU per
-# submission otherwise. A cell that plots loads it then, exactly as it would have been loaded at the import.
-LAZY_PYPLOT = """\
-def __tito_lazy_pyplot():
-    import importlib.abc, importlib.machinery, importlib.util, sys
+# binds two modules that run their code on first use. A notebook imports pyplot with the rest of its imports, and in
+# most notebooks only plots use it, which are skipped when grading: matplotlib's package (its rcParams, colours and
+# font patterns, about 0.3 s of CPU) and pyplot with its font cache (about 1 s) cost that much per submission
+# otherwise. `matplotlib` stays a bare package (its path and spec, the submodules imported under it) until any other
+# of its attributes is read, `matplotlib.pyplot` until any of its attributes is read (importlib.util.LazyLoader): then
+# it runs its code, exactly as the import would have. A cell that plots gets its figure.
+LAZY_MATPLOTLIB = """\
+def __tito_lazy_matplotlib():
+    import importlib.abc, importlib.machinery, importlib.util, sys, types
 
-    class LazyPyplot(importlib.abc.MetaPathFinder):
+    pending = {}  # module name -> its real loader, until the module's code has run
+
+    class LazyPackage(types.ModuleType):
+        def __getattr__(self, attr):  # an attribute that is not there yet: run the package's code, then look again
+            name = object.__getattribute__(self, "__name__")
+            loader = pending.pop(name, None)
+            if loader is None:
+                raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+            self.__class__ = types.ModuleType
+            self.__spec__.loader = self.__loader__ = loader
+            try:
+                loader.exec_module(self)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+            return getattr(self, attr)
+
+    class PackageLoader(importlib.abc.Loader):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            pending[module.__name__] = self.loader
+            module.__class__ = LazyPackage
+
+    class LazyMatplotlib(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "matplotlib.pyplot":
+            if name not in ("matplotlib", "matplotlib.pyplot"):
                 return None
-            sys.meta_path.remove(self)
+            if name == "matplotlib.pyplot":
+                sys.meta_path.remove(self)
             spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is not None and spec.loader is not None:
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            if name == "matplotlib":
+                spec.loader = PackageLoader(spec.loader)
+            else:
                 spec.loader = importlib.util.LazyLoader(spec.loader)
             return spec
 
-    sys.meta_path.insert(0, LazyPyplot())
+    sys.meta_path.insert(0, LazyMatplotlib())
 
 
-__tito_lazy_pyplot()
-del __tito_lazy_pyplot
+__tito_lazy_matplotlib()
+del __tito_lazy_matplotlib
 """
+
+# The kernel's command: ipykernel_launcher's own two steps (the working directory off sys.path, then the kernel app),
+# with the debugger's module unavailable: ipykernel imports debugpy (about 0.2 s of CPU) only to offer debugging, which
+# nothing asks of a grading kernel, and runs without it when the import fails.
+KERNEL_BOOT = (
+    "import sys\n"
+    "sys.modules['debugpy'] = None\n"
+    "if sys.path and sys.path[0] in ('', '.'):\n"
+    "    del sys.path[0]\n"
+    "from ipykernel import kernelapp\n"
+    "kernelapp.launch_new_instance()\n")
+
+
+def kernel_spec() -> KernelSpec:
+    """The grading kernel: this Python running ipykernel (as the `python3` kernel spec would, without searching
+    the kernel spec folders, which imports IPython here, nor starting the debugger there)."""
+    return KernelSpec(argv=[sys.executable, "-c", KERNEL_BOOT, "-f", "{connection_file}"],
+                      display_name="Python 3 (grading)", language="python", interrupt_mode="signal")
+
+
+class GradingKernelSpecs(KernelSpecManager):
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return kernel_spec()
+
 
 MAX_ERRORS_PER_CELL = 2  # error outputs kept per cell (the first one carries a visible test's message)
 ERROR_CHARS = 4000  # characters of one kept error output
@@ -101,6 +173,11 @@ def capped_client(base):
     """`base` (an nbclient NotebookClient class) with output limits enforced on every message the kernel sends."""
 
     class CappedClient(base):
+        def create_kernel_manager(self):
+            self.km = self.kernel_manager_class(kernel_name=self.kernel_name, config=self.config,
+                                                kernel_spec_manager=GradingKernelSpecs())
+            return self.km
+
         def init_caps(self, cell_limit: int, notebook_limit: int) -> None:
             self.cell_limit, self.left = cell_limit, notebook_limit
             self.kept: dict[int, int] = {}  # cell index -> characters kept (never decreases: clearing does not refill)
@@ -188,11 +265,12 @@ def run(job: dict) -> dict:
     home.mkdir(exist_ok=True)
     startup = home / ".ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
-    (startup / "00-tito-lazy-pyplot.py").write_text(LAZY_PYPLOT)
+    (startup / "00-tito-lazy-matplotlib.py").write_text(LAZY_MATPLOTLIB)
     run_dir = work / "run"
     run_dir.mkdir(exist_ok=True)
 
-    nb = nbformat.reads(job["notebook"], as_version=4)
+    # nbformat.v4's reader and writer: the notebook as JSON, without validating it (the trusted side validated it)
+    nb = nbformat.v4.reads(job["notebook"])
     env = {k: v for k, v in os.environ.items()
            if k in ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT", "TMPDIR")}
     env.update(HOME=str(home), PYTHONPATH=str(pkg), USER=os.environ.get("USER", "grader"),
@@ -267,7 +345,7 @@ def run(job: dict) -> dict:
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and cell.source.strip() and i not in executed:
             cell.outputs = [_error_output("NotRun", why)]
-    return {"notebook": nbformat.writes(nb), "status": status, "reason": reason,
+    return {"notebook": nbformat.v4.writes(nb), "status": status, "reason": reason,
             "seconds": round(time.monotonic() - start, 2)}
 
 

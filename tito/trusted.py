@@ -100,6 +100,11 @@ def code_tree(dest: Path, number: str | None) -> Path:
     shutil.copy2(TITO_DIR / "probes" / "__init__.py", tito / "probes" / "__init__.py")
     if number is not None and P.module_probes(number):
         (tito / "probes" / f"m{int(number):02d}.py").write_text(P.sandbox_source(number), encoding="utf-8")
+    # compiled once here: the sandboxes cannot write this tree (and run with PYTHONDONTWRITEBYTECODE), so each
+    # submission's worker and probe process compiled the same files again (about 0.07 s of CPU per submission)
+    import compileall
+
+    compileall.compile_dir(str(tito), quiet=2)
     for folder, dirs, names in os.walk(dest):
         os.chmod(folder, 0o755)
         for n in names:
