@@ -21,6 +21,7 @@ Both have the same four calls: `room()` (may another job start now), `submit(job
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -212,6 +213,19 @@ def grade_on_node(task: dict, spec: NodeSpec) -> dict:
 # ------------------------------------------------------------------ the instructor's side of a Dask cluster
 
 
+MAX_RESENDS = 3  # times a job whose input a dead worker took with it is sent again
+
+
+def _lost_dependency(e: BaseException) -> bool:
+    """Dask cancelled the job because its input (the scattered spec) was lost with a worker: a
+    `FutureCancelledError` saying "lost dependencies", or the key already forgotten."""
+    import concurrent.futures
+
+    text = str(e)
+    return isinstance(e, (concurrent.futures.CancelledError, asyncio.CancelledError)) or \
+        "lost dependencies" in text or "forgotten" in text
+
+
 class DaskExecutor:
     """Jobs on a Dask cluster: `address` is `local` (a LocalCluster of `workers` processes here) or a scheduler's
     `tcp://host:port`."""
@@ -260,6 +274,7 @@ class DaskExecutor:
         self.notes.append(f"cluster {address if self.cluster is None else 'local'}: {len(answers) - len(refused)} "
                           f"Dask worker(s) grading; " + " | ".join(described))
         self.shared = self.client.scatter(spec, broadcast=True, hash=False)
+        self.sent: dict[str, int] = {}  # student -> times sent (a job whose input was lost is sent again)
         self.threads = sum(self.client.nthreads().values()) or 1
 
     def room(self) -> bool:
@@ -275,7 +290,10 @@ class DaskExecutor:
 
         task = {"student": job.student, "fingerprint": job.fingerprint, "notebook": nbformat.writes(job.notebook),
                 "probe": job.probe, "skip": job.skip}
-        fut = self.client.submit(grade_on_node, task, self.shared, key=f"tito-grade-{self.spec.run}-{job.student}",
+        sent = self.sent[job.student] = self.sent.get(job.student, 0) + 1
+        if self.shared.status != "finished":  # every copy of the shared spec was lost (its workers died): again
+            self.shared = self.client.scatter(self.spec, broadcast=True, hash=False)
+        fut = self.client.submit(grade_on_node, task, self.shared, key=f"tito-grade-{self.spec.run}-{job.student}-{sent}",
                                  retries=2, pure=False)
         self.futures[fut] = job
         job.log.append(f"sent to the Dask cluster at {self.address}")
@@ -290,11 +308,22 @@ class DaskExecutor:
             done, _ = dask_wait(list(self.futures), timeout=max(timeout, 0.2), return_when="FIRST_COMPLETED")
         except TimeoutError:
             return
+        except Exception as e:  # noqa: BLE001 - Dask's wait raises when one it returns was cancelled
+            if not _lost_dependency(e):
+                raise
+            done = [f for f in self.futures if f.status != "pending"]
         for fut in done:
             job = self.futures.pop(fut)
             try:
                 out = fut.result()
             except Exception as e:  # noqa: BLE001 - the cluster's words, kept for the instructor
+                if _lost_dependency(e) and self.sent.get(job.student, 0) <= MAX_RESENDS:
+                    # a worker that died held the job's input (the shared spec), not the job: it never ran to the end,
+                    # so sending it again scores it once
+                    job.log.append(f"the cluster lost this job's input when a worker died ({type(e).__name__}): "
+                                   "sent again")
+                    self.submit(job)
+                    continue
                 on_done(Done(job, None, f"the cluster could not grade it: {type(e).__name__}: {e}", False))
                 continue
             job.log += out.get("log", [])
