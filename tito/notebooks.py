@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import io
+import keyword
 import os
 import re
 import subprocess
@@ -724,6 +726,17 @@ def generated_files(lib: Path) -> dict[str, str]:
     return out
 
 
+_GENERIC_NAMES = frozenset(keyword.kwlist) | frozenset(dir(builtins))
+
+
+def _distinctive(line: str) -> bool:
+    """Whether a solution line says something of its solution: it names something besides Python's keywords and
+    builtins (`except (TypeError, ValueError):` is in every code base; a line that names the solution's own
+    attributes or functions is that solution's)."""
+    names = re.findall(r"[A-Za-z_]\w*", line)  # a comment's words count: they explain the solution
+    return any(n not in _GENERIC_NAMES for n in names)
+
+
 def _inside_and_given(nb: nbformat.NotebookNode, min_length: int) -> tuple[set[str], str]:
     "(distinctive lines inside solution regions, the text outside them) of one source notebook."
     inside, outside = set(), []
@@ -731,7 +744,7 @@ def _inside_and_given(nb: nbformat.NotebookNode, min_length: int) -> tuple[set[s
         regions = solution_regions(cell.source)
         region_lines = {ln for _, lines in regions for ln in lines}
         for _, lines in regions:
-            inside.update(ln.strip() for ln in lines if len(ln.strip()) >= min_length)
+            inside.update(ln.strip() for ln in lines if len(ln.strip()) >= min_length and _distinctive(ln))
         outside.extend(ln for ln in cell.source.splitlines() if ln not in region_lines)
     return inside, "\n".join(outside)
 
