@@ -106,3 +106,60 @@ def test_a_node_without_its_sandbox_refuses_in_one_line(course):  # noqa: F811
         grading.autograde(settings, module, students=["correct"], cluster="local", workers=1)
     assert "refuses to grade" in str(e.value) and "must be one of" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_job_whose_input_a_dead_worker_took_is_sent_again_and_scored_once(monkeypatch):
+    """Dask cancels a job whose scattered input was lost with a worker ("lost dependencies"), and its `wait` raises
+    for it: the executor sends the job again (scattering the input again when no copy is left) and reports only the
+    second run's result; a job lost more than MAX_RESENDS times is reported, not sent forever."""
+    from concurrent.futures import CancelledError
+    from types import SimpleNamespace
+
+    import distributed
+
+    from tito import executor as ex
+
+    class Fut:
+        def __init__(self, outcome):
+            self.outcome = outcome
+            self.status = "cancelled" if isinstance(outcome, BaseException) else "finished"
+
+        def result(self):
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            return self.outcome
+
+    lost = CancelledError("tito-grade-x cancelled for reason: lost dependencies.")
+    plan = {"ann": [lost, {"result": {"score": 1}}], "bob": [lost] * (ex.MAX_RESENDS + 2)}
+    scattered = []
+
+    class Client:
+        def submit(self, fn, task, shared, key, retries, pure):
+            return Fut(plan[task["student"]].pop(0))
+
+        def scatter(self, spec, broadcast, hash):
+            scattered.append(spec)
+            return SimpleNamespace(status="finished")
+
+    def dask_wait(futures, timeout, return_when):
+        if any(f.status == "cancelled" for f in futures):
+            raise lost
+        return set(futures), set()
+
+    monkeypatch.setattr(distributed, "wait", dask_wait)
+    monkeypatch.setattr("nbformat.writes", lambda nb: "{}")
+    e = ex.DaskExecutor.__new__(ex.DaskExecutor)
+    e.client, e.futures, e.sent, e.address = Client(), {}, {}, "tcp://test"
+    e.spec, e.shared = SimpleNamespace(run="r"), SimpleNamespace(status="lost")
+    jobs = {s: SimpleNamespace(student=s, fingerprint="", notebook=None, probe=None, skip={}, log=[]) for s in plan}
+    for job in jobs.values():
+        e.submit(job)
+    assert len(scattered) == 1, "the lost input is scattered again once, not per job"
+    done = []
+    for _ in range(ex.MAX_RESENDS + 3):
+        e.wait(done.append)
+    by = {d.job.student: d for d in done}
+    assert sorted(d.job.student for d in done) == ["ann", "bob"], [d.job.student for d in done]
+    assert by["ann"].result == {"score": 1} and e.sent["ann"] == 2
+    assert by["bob"].result is None and "could not grade it" in by["bob"].why and e.sent["bob"] == ex.MAX_RESENDS + 1
+    assert any("sent again" in line for line in jobs["ann"].log), jobs["ann"].log
