@@ -821,3 +821,21 @@ def test_the_time_limit_stops_a_loop_where_there_is_no_alarm_signal():
     assert not worker.is_alive() and caught, "the loop was not stopped"
     assert caught[0].seconds == 0.5 and "not-main" in caught[0].stacks, caught[0].stacks.keys()
     assert any(name.endswith("spin") for _, name in caught[0].stacks["not-main"]), caught[0].stacks["not-main"]
+
+
+def test_export_imports_every_module_in_one_process_and_names_the_first_that_fails(tmp_path):
+    """The export's import check: one process for every module, each with its own time limit."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("print('a prints while importing')\nX = 1\n")
+    (pkg / "b.py").write_text("from pkg.a import X\nimport no_such_module_anywhere\n")
+    (pkg / "loops.py").write_text("while True:\n    pass\n")
+    (pkg / "dies.py").write_text("import os\nos._exit(5)\n")
+    assert nbs._first_import_failure(tmp_path, ["pkg.a"], 30) is None
+    mod, lines = nbs._first_import_failure(tmp_path, ["pkg.a", "pkg.b", "pkg.loops"], 30)
+    assert mod == "pkg.b" and lines[-1] == "ModuleNotFoundError: No module named 'no_such_module_anywhere'", lines
+    assert any("pkg/b.py" in ln and ln.strip().startswith("File ") for ln in lines), lines
+    assert nbs._first_import_failure(tmp_path, ["pkg.a", "pkg.loops", "pkg.b"], 1) == ("pkg.loops", None)
+    mod, lines = nbs._first_import_failure(tmp_path, ["pkg.a", "pkg.dies"], 30)
+    assert mod == "pkg.dies" and lines[-1].startswith("the importing process ended with exit code 5"), lines

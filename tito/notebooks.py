@@ -681,23 +681,19 @@ def export(root: Path, notebook: Path | None = None, import_timeout: float = 120
                     f"{e.lineno}: {e.msg}\n  {(e.text or '').strip()}\nFix that cell in the notebook and export "
                     f"again; your package was not changed (it still holds your last good export).", [mod]) from None
         modules = [f"{lib_rel}.{m}" for m in map(_package_of, notebooks) if m]
-        for mod in modules:
-            check = ("import importlib, sys\nsys.path.insert(0, sys.argv[1])\nimportlib.import_module(sys.argv[2])")
-            try:
-                proc = run([sys.executable, "-c", check, str(stage), mod], cwd=stage,
-                           env=edition_env(stage), timeout=import_timeout)
-            except subprocess.TimeoutExpired:
+        failed = _first_import_failure(stage, modules, import_timeout)
+        if failed:
+            mod, lines = failed
+            if lines is None:
                 raise ExportError(f"importing {mod} did not finish within {import_timeout:g} s: code outside any "
                                   "function runs forever. Fix the notebook and export again; your package was not "
-                                  "changed.", [mod]) from None
-            if proc.returncode != 0:
-                lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-                where = next((ln.strip() for ln in reversed(lines) if ln.strip().startswith("File ")), "")
-                raise ExportError(
-                    f"{what} exports code that does not import: {lines[-1] if lines else 'no message'}"
-                    + (f"\n  at {where}" if where else "")
-                    + "\nFix the notebook and export again; your package was not changed (it still holds your "
-                    "last good export).", [mod])
+                                  "changed.", [mod])
+            where = next((ln.strip() for ln in reversed(lines) if ln.strip().startswith("File ")), "")
+            raise ExportError(
+                f"{what} exports code that does not import: {lines[-1] if lines else 'no message'}"
+                + (f"\n  at {where}" if where else "")
+                + "\nFix the notebook and export again; your package was not changed (it still holds your "
+                "last good export).", [mod])
         for rel in changed:
             target = lib / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -705,6 +701,78 @@ def export(root: Path, notebook: Path | None = None, import_timeout: float = 120
             shutil.copy2(stage / lib_rel / rel, tmp_file)
             os.replace(tmp_file, target)
     return changed
+
+
+_IMPORT_CHECK = """\
+import importlib, json, os, sys, traceback
+channel = os.fdopen(os.dup(1), "w")  # the protocol; whatever the modules print goes to stderr
+os.dup2(2, 1)
+sys.path.insert(0, sys.argv[1])
+for mod in sys.argv[2:]:
+    channel.write(json.dumps({"start": mod}) + "\\n"); channel.flush()
+    try:
+        importlib.import_module(mod)
+    except BaseException:
+        lines = [ln for ln in traceback.format_exc().splitlines() if ln.strip()]
+        channel.write(json.dumps({"failed": mod, "lines": lines}) + "\\n"); channel.flush()
+        break
+"""
+
+
+def _first_import_failure(stage: Path, modules: list[str], timeout: float) -> tuple[str, list[str] | None] | None:
+    """Import the staged package's `modules` in order, in one fresh process; None when all import, else
+    (the first that does not, its traceback's lines, or None when its import ran past `timeout` seconds).
+
+    One process for all of them (a process per module cost the export half a second each); each
+    module's import still gets the whole `timeout`, counted from the moment it starts.
+    """
+    import json
+    import selectors
+    import time
+
+    from .proc import kill_group
+
+    proc = subprocess.Popen([sys.executable, "-c", _IMPORT_CHECK, str(stage), *modules], cwd=stage,
+                            env=edition_env(stage), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    current, buffer, err = None, b"", []
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    deadline = time.monotonic() + timeout
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return current or (modules[0] if modules else "the package"), None
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                elif key.data == "err":
+                    err.append(data)
+                else:
+                    buffer += data
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        msg = json.loads(line)
+                        if "start" in msg:
+                            current, deadline = msg["start"], time.monotonic() + timeout
+                        else:
+                            return msg["failed"], msg["lines"]
+        proc.wait()
+        if proc.returncode != 0 and current:  # the process itself died (os._exit, a crash) while importing
+            lines = [ln for ln in b"".join(err).decode(errors="replace").splitlines() if ln.strip()]
+            return current, lines + [f"the importing process ended with exit code {proc.returncode} while "
+                                     f"importing {current}"]
+        return None
+    finally:
+        sel.close()
+        if proc.poll() is None:
+            kill_group(proc.pid)
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def generated_files_bytes(lib: Path) -> dict[str, bytes]:
