@@ -306,9 +306,13 @@ def test_module_list_reads_titles_from_metadata():
 # (test_notebooks) and package tests (test_references), its reference passes both, and module.toml names
 # every module it imports (test_notebooks). Here the loop runs end to end for the modules whose plumbing
 # differs: the first with a prerequisite, autograd's and the GPT's forward references, the C compiler,
-# the caches, asyncio and HTTP, and the newest; TINYTORCH_EVERY_STUDENT_LOOP=1 runs it for every module.
-LOOP_MODULES = ("02", "06", "13", "17", "18", "19", "20")
-LATER = [m for m in MODULES[1:] if m.number in LOOP_MODULES or os.environ.get("TINYTORCH_EVERY_STUDENT_LOOP") == "1"]
+# the caches, and asyncio and HTTP (the newest); TINYTORCH_EVERY_STUDENT_LOOP=1 runs it for every module.
+# The stub half (`tito test` on the release fails naming the functions) is the same path for every module
+# (test_stubs_fail_naming_the_functions_to_fix runs it for 01): here it runs for the first and the newest.
+EVERY_LOOP = os.environ.get("TINYTORCH_EVERY_STUDENT_LOOP") == "1"
+LOOP_MODULES = ("02", "06", "13", "17", "18", "20")
+STUB_LOOP = ("02", "20")
+LATER = [m for m in MODULES[1:] if m.number in LOOP_MODULES or EVERY_LOOP]
 
 
 @pytest.mark.parametrize("module", LATER, ids=[m.slug for m in LATER])
@@ -318,9 +322,10 @@ def test_student_loop_for_later_modules(edition, module):
         use_reference(edition, slug)
     proc = tito(edition, "export")  # one nbdev run for all of them (later modules export their stubs)
     assert proc.returncode == 0, proc.output
-    proc = tito(edition, "test", module.number)
-    assert proc.returncode == 1, proc.output
-    assert "not implemented yet:" in proc.output and "Traceback" not in proc.output
+    if module.number in STUB_LOOP or EVERY_LOOP:
+        proc = tito(edition, "test", module.number)
+        assert proc.returncode == 1, proc.output
+        assert "not implemented yet:" in proc.output and "Traceback" not in proc.output
 
     use_reference(edition, module.slug)
     first = min(module.prerequisites)

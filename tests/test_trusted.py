@@ -87,6 +87,22 @@ def kill_group(proc) -> None:
 
 
 def exported(nb) -> str:
+    key = nbformat_key(nb)
+    if key not in _EXPORTED:
+        _EXPORTED[key] = _exported(nb)
+    return _EXPORTED[key]
+
+
+_EXPORTED: dict = {}
+
+
+def nbformat_key(nb) -> str:
+    import json
+
+    return json.dumps([c.source for c in nb.cells])
+
+
+def _exported(nb) -> str:
     text, skipped = P.exported_source(nb)
     assert not skipped, skipped
     module = next((m for m in MODULES.values() if m.package_modules and any(
