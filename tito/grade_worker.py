@@ -38,24 +38,39 @@ import sys
 import time
 from pathlib import Path
 
-# jsonschema (imported by nbformat, which nbclient imports) imports these when they are installed, for the string
-# formats of its format checker (IRIs, dates, durations, colours...). This worker never validates a notebook (it reads
-# and writes the one the trusted side validated, and the trusted side validates what comes back), so none is needed:
-# rfc3987_syntax alone builds a grammar for about 2.5 s of CPU, the others (arrow under isoduration among them) cost
-# about 0.15 s more per submission. A name set to None here makes `import` raise ImportError: jsonschema skips it.
-FORMAT_ONLY_MODULES = ("rfc3987_syntax", "rfc3987", "rfc3986_validator", "rfc3339_validator", "isoduration", "fqdn",
-                       "idna", "webcolors", "jsonpointer", "uri_template")
-for _name in FORMAT_ONLY_MODULES:
-    sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
-# nbformat validates each output it builds from a kernel message (nbclient's output_from_msg, new_output): with its
-# default validator that first compiles the whole notebook schema to Python (fastjsonschema, about 0.1 s of CPU per
-# submission) to check a few dozen small outputs; jsonschema's validator needs no compiling (and the kernel gets an
-# environment of its own: this setting stays in this process)
-os.environ["NBFORMAT_VALIDATOR"] = "jsonschema"
+# nbformat's schema validation, left out. This worker never validates a notebook: it reads and writes the one the
+# trusted side checked, and the trusted side checks what comes back (its cells get back their trusted source and
+# metadata; nbgrader scores the outputs). nbformat still validates each output it builds from a kernel message
+# (nbclient's output_from_msg, new_output), and importing it imports jsonschema (with referencing, attrs and the
+# schema registry: about 0.15 s of CPU per submission, and with jsonschema's format modules installed, rfc3987_syntax
+# among them, seconds) for that alone. So nbformat's `json_compat` (its only link to jsonschema and fastjsonschema) is
+# a module of this worker's: it names the same things, and asking it for a validator raises; output building does
+# not validate (`nbformat.v4.nbbase.validate` is a no-op below).
+class SchemaValidationError(ValueError):
+    """nbformat's ValidationError here (jsonschema's, where nbformat validates)."""
+
+
+def _no_validator(*args, **kwargs):
+    raise RuntimeError("the grading worker does not validate notebooks (tito.grade_worker): the trusted side does")
+
+
+def _without_schema_validation() -> None:
+    import types
+
+    compat = types.ModuleType("nbformat.json_compat", "nbformat's validators, left out of the grading worker")
+    compat.ValidationError = SchemaValidationError
+    compat._validator_for_name = compat.get_current_validator = _no_validator
+    compat.VALIDATORS = {}
+    sys.modules["nbformat.json_compat"] = compat
+
+
+_without_schema_validation()
 
 import nbformat.v4  # noqa: E402
 from nbclient.exceptions import DeadKernelError  # noqa: E402
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager  # noqa: E402
+
+nbformat.v4.nbbase.validate = lambda node, ref=None: None  # outputs built from kernel messages: not validated here
 
 from tito.jobs import Channel, serve  # noqa: E402
 from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell  # noqa: E402
