@@ -136,6 +136,43 @@ __tito_lazy_matplotlib()
 del __tito_lazy_matplotlib
 """
 
+# Run by the kernel after LAZY_MATPLOTLIB (a second startup file): ipykernel's execute handler transforms each cell
+# (IPython's input transformers: they tokenize the whole cell in Python) and compiles it to see whether it needs an
+# event loop, and then IPython's run_cell does both again on the same text. For module 06's long solution cells that is
+# about a quarter of the kernel's CPU per cell. Each step's result is kept for the one call that repeats it (the same
+# text object, the same arguments, with no code of the notebook run in between) and used once, so every result is
+# exactly the one the step would have computed.
+CELL_STEPS_ONCE = """\
+def __tito_cell_steps_once():
+    shell = get_ipython()
+    transform, should_run_async = shell.transform_cell, shell.should_run_async
+    kept = {}
+
+    def transform_cell(raw_cell):
+        last = kept.pop("transform", None)
+        if last is not None and last[0] is raw_cell:
+            return last[1]
+        cell = transform(raw_cell)
+        kept["transform"] = (raw_cell, cell)
+        return cell
+
+    def should_run_async_once(raw_cell, *, transformed_cell=None, preprocessing_exc_tuple=None):
+        last = kept.pop("async", None)
+        if last is not None and last[0] is raw_cell and last[1] is transformed_cell and preprocessing_exc_tuple is None:
+            return last[2]
+        answer = should_run_async(raw_cell, transformed_cell=transformed_cell,
+                                  preprocessing_exc_tuple=preprocessing_exc_tuple)
+        if preprocessing_exc_tuple is None:
+            kept["async"] = (raw_cell, transformed_cell, answer)
+        return answer
+
+    shell.transform_cell, shell.should_run_async = transform_cell, should_run_async_once
+
+
+__tito_cell_steps_once()
+del __tito_cell_steps_once
+"""
+
 # The kernel's command: ipykernel_launcher's own two steps (the working directory off sys.path, then the kernel app),
 # with the debugger's module unavailable: ipykernel imports debugpy (about 0.2 s of CPU) only to offer debugging, which
 # nothing asks of a grading kernel, and runs without it when the import fails.
@@ -281,6 +318,7 @@ def run(job: dict) -> dict:
     startup = home / ".ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
     (startup / "00-tito-lazy-matplotlib.py").write_text(LAZY_MATPLOTLIB)
+    (startup / "01-tito-cell-steps-once.py").write_text(CELL_STEPS_ONCE)
     run_dir = work / "run"
     run_dir.mkdir(exist_ok=True)
 
