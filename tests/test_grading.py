@@ -700,6 +700,28 @@ def test_collect_keeps_lms_numbers_scripts_and_refuses_unsafe_ids(course, tmp_pa
     assert not (course / "nbgrader" / "eve").exists() and not (course / "eve").exists()
 
 
+def test_the_kernels_package_comes_with_bytecode_checked_against_its_source(tmp_path):
+    """The package copy carries each file's bytecode (compiled once per run): a kernel imports it without compiling,
+    and a source that does not match its bytecode is compiled again (the bytecode is checked by the source's hash)."""
+    import base64
+    from importlib.util import cache_from_source
+
+    from tito.grading import package_files
+
+    files = package_files(ROOT, MODULES["06"])
+    pyc = cache_from_source("tinytorch/core/tensor.py")
+    assert pyc in files and all(cache_from_source(rel) in files for rel in files if rel.endswith(".py"))
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(base64.b64decode(data))
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import tinytorch.core.tensor as t; print(getattr(t, 'EDITED', 0))"
+    run = subprocess.run([sys.executable, "-I", "-v", "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert run.stdout.strip() == "0" and f"code object from '{tmp_path / pyc}'" in run.stderr, run.stderr[-2000:]
+    (tmp_path / "tinytorch/core/tensor.py").write_text((tmp_path / "tinytorch/core/tensor.py").read_text() + "\nEDITED = 1\n")
+    run = subprocess.run([sys.executable, "-I", "-B", "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert run.stdout.strip() == "1", run.stderr[-2000:]
+
+
 def test_a_lazy_import_inside_a_function_does_not_drop_a_file_from_the_kernels_package():
     """tensor.py imports autograd inside `backward` only: module 02's kernel still gets the tensor (module 06's
     autograd is not there, and need not be), while given code that imports a later module at import time goes."""
