@@ -45,7 +45,8 @@ from pathlib import Path
 # schema registry: about 0.15 s of CPU per submission, and with jsonschema's format modules installed, rfc3987_syntax
 # among them, seconds) for that alone. So nbformat's `json_compat` (its only link to jsonschema and fastjsonschema) is
 # a module of this worker's: it names the same things, and asking it for a validator raises; output building does
-# not validate (`nbformat.v4.nbbase.validate` is a no-op below).
+# not validate (`nbformat.v4.nbbase.validate` is a no-op below). Only in a process that has not imported nbformat yet
+# (the worker's own): a process that imports this module to call `run` (a test) keeps its validation.
 class SchemaValidationError(ValueError):
     """nbformat's ValidationError here (jsonschema's, where nbformat validates)."""
 
@@ -64,13 +65,16 @@ def _without_schema_validation() -> None:
     sys.modules["nbformat.json_compat"] = compat
 
 
-_without_schema_validation()
+_VALIDATES = "nbformat" in sys.modules
+if not _VALIDATES:
+    _without_schema_validation()
 
 import nbformat.v4  # noqa: E402
 from nbclient.exceptions import DeadKernelError  # noqa: E402
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager  # noqa: E402
 
-nbformat.v4.nbbase.validate = lambda node, ref=None: None  # outputs built from kernel messages: not validated here
+if not _VALIDATES:
+    nbformat.v4.nbbase.validate = lambda node, ref=None: None  # outputs built from kernel messages: not validated here
 
 from tito.jobs import Channel, serve  # noqa: E402
 from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell  # noqa: E402
