@@ -700,6 +700,28 @@ def test_collect_keeps_lms_numbers_scripts_and_refuses_unsafe_ids(course, tmp_pa
     assert not (course / "nbgrader" / "eve").exists() and not (course / "eve").exists()
 
 
+def test_the_kernels_package_comes_with_bytecode_checked_against_its_source(tmp_path):
+    """The package copy carries each file's bytecode (compiled once per run): a kernel imports it without compiling,
+    and a source that does not match its bytecode is compiled again (the bytecode is checked by the source's hash)."""
+    import base64
+    from importlib.util import cache_from_source
+
+    from tito.grading import package_files
+
+    files = package_files(ROOT, MODULES["06"])
+    pyc = cache_from_source("tinytorch/core/tensor.py")
+    assert pyc in files and all(cache_from_source(rel) in files for rel in files if rel.endswith(".py"))
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(base64.b64decode(data))
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import tinytorch.core.tensor as t; print(getattr(t, 'EDITED', 0))"
+    run = subprocess.run([sys.executable, "-I", "-v", "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert run.stdout.strip() == "0" and f"code object from '{tmp_path / pyc}'" in run.stderr, run.stderr[-2000:]
+    (tmp_path / "tinytorch/core/tensor.py").write_text((tmp_path / "tinytorch/core/tensor.py").read_text() + "\nEDITED = 1\n")
+    run = subprocess.run([sys.executable, "-I", "-B", "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert run.stdout.strip() == "1", run.stderr[-2000:]
+
+
 def test_a_lazy_import_inside_a_function_does_not_drop_a_file_from_the_kernels_package():
     """tensor.py imports autograd inside `backward` only: module 02's kernel still gets the tensor (module 06's
     autograd is not there, and need not be), while given code that imports a later module at import time goes."""
@@ -765,6 +787,37 @@ def test_results_file_is_written_in_batches_and_at_flush(tmp_path):
     assert on_disk() == ["a", "b", "c"]
     saver.flush()  # the end of a run (also an interrupted one)
     assert on_disk() == ["a", "b", "c", "d"]
+
+
+def test_the_grading_worker_imports_no_schema_validator():
+    """The worker never validates a notebook (the trusted side checks what comes back): importing it imports neither
+    jsonschema nor fastjsonschema (nor their registries), which cost more than the rest of its imports."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tito.grade_worker; print(sorted({m.split('.')[0] for m "
+            "in sys.modules if m.split('.')[0] in ('jsonschema', 'fastjsonschema', 'referencing', "
+            "'jsonschema_specifications')}))")
+    run = subprocess.run([sys.executable, "-I", "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "[]", (run.stdout, run.stderr[-2000:])
+
+
+def test_the_grading_kernel_transforms_each_cell_once_with_the_same_results(tmp_path):
+    """ipykernel and IPython both transform a cell and check it for top-level await: the grading kernel does each
+    once per cell (an input transformer counts its calls), and magics, shell escapes, top-level await and errors in
+    the transforms still come out as IPython makes them."""
+    from tito import grade_worker
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "calls = []\nget_ipython().input_transformers_post.append(lambda lines: calls.append(1) or lines)",
+        "x = 1", "x = 1", "import asyncio\nawait asyncio.sleep(0)\nprint('awaited')", "%time y = 2",
+        "a = !echo hi\nprint(a)", "%%nosuchmagic\nx", "def f(:\n    pass", "print(len(calls))")]
+    job = {"notebook": nbformat.writes(nb), "files": {}, "workdir": str(tmp_path / "w"), "deadline_s": 120,
+           "cell_timeout_s": 60}
+    out = nbformat.reads(grade_worker.run(job)["notebook"], as_version=4)
+    texts = ["".join(o.get("text", "") for o in c.outputs) for c in out.cells]
+    errors = [[o.ename for o in c.outputs if o.output_type == "error"] for c in out.cells]
+    assert texts[3] == "awaited\n" and "Wall time" in texts[4] and texts[5] == "['hi']\n", texts
+    assert errors[6] == ["UsageError"] and errors[7] == ["SyntaxError"], errors
+    assert texts[8] == "9\n", texts  # cells 2-9 once each (twice each before), and `%time` transforms its statement
 
 
 def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):

@@ -38,24 +38,43 @@ import sys
 import time
 from pathlib import Path
 
-# jsonschema (imported by nbformat, which nbclient imports) imports these when they are installed, for the string
-# formats of its format checker (IRIs, dates, durations, colours...). This worker never validates a notebook (it reads
-# and writes the one the trusted side validated, and the trusted side validates what comes back), so none is needed:
-# rfc3987_syntax alone builds a grammar for about 2.5 s of CPU, the others (arrow under isoduration among them) cost
-# about 0.15 s more per submission. A name set to None here makes `import` raise ImportError: jsonschema skips it.
-FORMAT_ONLY_MODULES = ("rfc3987_syntax", "rfc3987", "rfc3986_validator", "rfc3339_validator", "isoduration", "fqdn",
-                       "idna", "webcolors", "jsonpointer", "uri_template")
-for _name in FORMAT_ONLY_MODULES:
-    sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
-# nbformat validates each output it builds from a kernel message (nbclient's output_from_msg, new_output): with its
-# default validator that first compiles the whole notebook schema to Python (fastjsonschema, about 0.1 s of CPU per
-# submission) to check a few dozen small outputs; jsonschema's validator needs no compiling (and the kernel gets an
-# environment of its own: this setting stays in this process)
-os.environ["NBFORMAT_VALIDATOR"] = "jsonschema"
+# nbformat's schema validation, left out. This worker never validates a notebook: it reads and writes the one the
+# trusted side checked, and the trusted side checks what comes back (its cells get back their trusted source and
+# metadata; nbgrader scores the outputs). nbformat still validates each output it builds from a kernel message
+# (nbclient's output_from_msg, new_output), and importing it imports jsonschema (with referencing, attrs and the
+# schema registry: about 0.15 s of CPU per submission, and with jsonschema's format modules installed, rfc3987_syntax
+# among them, seconds) for that alone. So nbformat's `json_compat` (its only link to jsonschema and fastjsonschema) is
+# a module of this worker's: it names the same things, and asking it for a validator raises; output building does
+# not validate (`nbformat.v4.nbbase.validate` is a no-op below). Only in a process that has not imported nbformat yet
+# (the worker's own): a process that imports this module to call `run` (a test) keeps its validation.
+class SchemaValidationError(ValueError):
+    """nbformat's ValidationError here (jsonschema's, where nbformat validates)."""
+
+
+def _no_validator(*args, **kwargs):
+    raise RuntimeError("the grading worker does not validate notebooks (tito.grade_worker): the trusted side does")
+
+
+def _without_schema_validation() -> None:
+    import types
+
+    compat = types.ModuleType("nbformat.json_compat", "nbformat's validators, left out of the grading worker")
+    compat.ValidationError = SchemaValidationError
+    compat._validator_for_name = compat.get_current_validator = _no_validator
+    compat.VALIDATORS = {}
+    sys.modules["nbformat.json_compat"] = compat
+
+
+_VALIDATES = "nbformat" in sys.modules
+if not _VALIDATES:
+    _without_schema_validation()
 
 import nbformat.v4  # noqa: E402
 from nbclient.exceptions import DeadKernelError  # noqa: E402
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager  # noqa: E402
+
+if not _VALIDATES:
+    nbformat.v4.nbbase.validate = lambda node, ref=None: None  # outputs built from kernel messages: not validated here
 
 from tito.jobs import Channel, serve  # noqa: E402
 from tito.notebooks import TIMEOUT_POLICY, CellTimedOut, client_class, exercise_label, is_test_cell  # noqa: E402
@@ -119,6 +138,43 @@ def __tito_lazy_matplotlib():
 
 __tito_lazy_matplotlib()
 del __tito_lazy_matplotlib
+"""
+
+# Run by the kernel after LAZY_MATPLOTLIB (a second startup file): ipykernel's execute handler transforms each cell
+# (IPython's input transformers: they tokenize the whole cell in Python) and compiles it to see whether it needs an
+# event loop, and then IPython's run_cell does both again on the same text. For module 06's long solution cells that is
+# about a quarter of the kernel's CPU per cell. Each step's result is kept for the one call that repeats it (the same
+# text object, the same arguments, with no code of the notebook run in between) and used once, so every result is
+# exactly the one the step would have computed.
+CELL_STEPS_ONCE = """\
+def __tito_cell_steps_once():
+    shell = get_ipython()
+    transform, should_run_async = shell.transform_cell, shell.should_run_async
+    kept = {}
+
+    def transform_cell(raw_cell):
+        last = kept.pop("transform", None)
+        if last is not None and last[0] is raw_cell:
+            return last[1]
+        cell = transform(raw_cell)
+        kept["transform"] = (raw_cell, cell)
+        return cell
+
+    def should_run_async_once(raw_cell, *, transformed_cell=None, preprocessing_exc_tuple=None):
+        last = kept.pop("async", None)
+        if last is not None and last[0] is raw_cell and last[1] is transformed_cell and preprocessing_exc_tuple is None:
+            return last[2]
+        answer = should_run_async(raw_cell, transformed_cell=transformed_cell,
+                                  preprocessing_exc_tuple=preprocessing_exc_tuple)
+        if preprocessing_exc_tuple is None:
+            kept["async"] = (raw_cell, transformed_cell, answer)
+        return answer
+
+    shell.transform_cell, shell.should_run_async = transform_cell, should_run_async_once
+
+
+__tito_cell_steps_once()
+del __tito_cell_steps_once
 """
 
 # The kernel's command: ipykernel_launcher's own two steps (the working directory off sys.path, then the kernel app),
@@ -266,6 +322,7 @@ def run(job: dict) -> dict:
     startup = home / ".ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
     (startup / "00-tito-lazy-matplotlib.py").write_text(LAZY_MATPLOTLIB)
+    (startup / "01-tito-cell-steps-once.py").write_text(CELL_STEPS_ONCE)
     run_dir = work / "run"
     run_dir.mkdir(exist_ok=True)
 

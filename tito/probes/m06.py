@@ -6,6 +6,9 @@ the shapes of the node's inputs, and the trusted check (`_rules_check`, never in
 both sides' gradients to those shapes before comparing them (a rule may leave broadcasting to the
 traversal, as the contract allows). The traversal (6.4) replays the reference's recorded outcomes of
 the rules and of `unbroadcast`, so a bug in a rule is charged to the rule's exercise only."""
+import contextlib
+import sys
+
 import numpy as np
 
 from . import Probe, Seq, compare, probe
@@ -59,6 +62,28 @@ def _rules_check(got, want):
 
 def _array(g):
     return g.data if type(g).__name__ == "Tensor" else g
+
+
+# The traversal's long chain. A walk that recurses once per node fails on it as a chain past Python's default
+# recursion limit (1,000) would fail it, without 1,000 nodes (each node is one replayed rule call per submission, the
+# largest part of this module's probe time): the chain is run with the recursion limit CHAIN_ROOM frames above the
+# probe's own, far more than an iterative walk needs (its rule calls, the replay around them and NumPy under them take
+# a few dozen) and far fewer than the chain's length.
+CHAIN, CHAIN_ROOM = 300, 150
+
+
+@contextlib.contextmanager
+def recursion_room(frames: int):
+    """Python's recursion limit set to `frames` above the caller's depth, and back to what it was after."""
+    depth, f = 0, sys._getframe()
+    while f is not None:
+        depth, f = depth + 1, f.f_back
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + frames)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
 
 
 def leaf(rng, *shape, positive=False):
@@ -161,10 +186,10 @@ def traversal(rng, rec):
     # a long chain: iterative, not recursive
     c = leaf(rng, 4)
     z = c
-    for _ in range(1200):  # past Python's default recursion limit (1000): a recursive walk fails here (each of
-        # these nodes is one replayed rule call per submission: no longer than it needs to be)
+    for _ in range(CHAIN):
         z = z * 1.0
-    rec.call("chain", backward, z.sum())
+    with recursion_room(CHAIN_ROOM):
+        rec.call("chain", backward, z.sum())
     rec["chain_grad"] = c.grad
     # broadcasting that keeps the rank
     p, q = leaf(rng, 1, 3), leaf(rng, 4, 3)
