@@ -38,6 +38,7 @@ import contextlib
 import csv
 import copy
 import datetime as dt
+import gc
 import hashlib
 import html
 import io
@@ -1429,9 +1430,12 @@ class Stop:
 
     def __init__(self):
         self.signal = 0
+        self.wake: Callable[[], None] | None = None  # makes the executor's wait return (LocalExecutor.wake)
 
     def __call__(self, signum, frame):
         self.signal = signum
+        if self.wake is not None:
+            self.wake()
 
     def __bool__(self):
         return bool(self.signal)
@@ -1450,7 +1454,7 @@ class ProbeRun:
     """One submission's trusted checks, run in a thread: `plan.run` over a probe process in a fresh sandbox of the
     submission's slot (its own PID namespace and private /tmp: nothing the notebook wrote is there)."""
 
-    def __init__(self, plan, job: dict, box, slot: int, group, scratch: Path):
+    def __init__(self, plan, job: dict, box, slot: int, group, scratch: Path, on_end: Callable[[], None] | None = None):
         import threading
 
         self.plan, self.job, self.box, self.slot, self.group, self.scratch = plan, job, box, slot, group, scratch
@@ -1458,6 +1462,7 @@ class ProbeRun:
         self.checked = None
         self.error = ""
         self.stopped = False
+        self.on_end = on_end  # called from its thread when the checks end (the pool's wake-up)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -1478,6 +1483,9 @@ class ProbeRun:
             self.checked = self.plan.run(self.job, self.spawn, kill_tree)
         except Exception as e:  # reported with the submission, never hidden
             self.error = f"{type(e).__name__}: {e}"
+        finally:
+            if self.on_end is not None:
+                self.on_end()
 
     def done(self) -> bool:
         return not self.thread.is_alive()
@@ -1494,12 +1502,17 @@ class WorkerPool:
     checks in a probe process (a thread talks to it), both in the submission's cgroup when there is one.
 
     Each finished submission is scored by `on_result(job, result | None, why, killed, checked)` in this process,
-    one at a time (result None: the worker died or was killed; `why` says how)."""
+    one at a time (result None: the worker died or was killed; `why` says how). `poll(on_result, timeout)` blocks
+    until something happened (a worker ended, its checks ended, a deadline passed, `wake()`) or `timeout` passed:
+    a thread per worker waits for its exit, so nothing polls the processes in the meantime."""
 
     def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings, plan=None, first_slot: int = 0):
+        import queue
+
         self.box, self.size, self.files, self.g, self.plan = box, max(1, size), files, g, plan
         self.first_slot = first_slot  # a Dask worker's threads share one sandbox: each its own slots
         self.running: list[Running] = []
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # something to look at (put from threads, handlers)
         self.files_json: bytes | None = None
         self.scratch = Path(tempfile.mkdtemp(prefix="tito-grading-"))  # root-only: worker stdout/stderr
         os.chmod(self.scratch, 0o700)
@@ -1531,10 +1544,14 @@ class WorkerPool:
         with open(job_file, "rb") as fi, open(out, "wb") as fo, open(errf, "wb") as fe:
             job_file.unlink()
             proc = jobs.start(box, "tito.grade_worker", slot=slot, group=group, stdin=fi, stdout=fo, stderr=fe)
-        probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch) if job.probe is not None else None
+        probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch, self.wake) \
+            if job.probe is not None else None
         now = time.monotonic()
         self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot, group,
                                     probe))
+        import threading
+
+        threading.Thread(target=self._reap, args=(proc,), daemon=True).start()
         job.log.append(f"worker started (sandbox {box.mode}), limit {g.notebook_timeout:g} s per notebook, "
                        f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB, "
                        f"{box.max_processes} processes" + (", one cgroup for the whole submission" if group else ""))
@@ -1591,7 +1608,33 @@ class WorkerPool:
         r.job.log.append("worker stderr:\n" + err_text)
         return None, reason
 
-    def poll(self, on_result) -> None:
+    def wake(self) -> None:
+        """Make a waiting `poll` look now (safe from a signal handler: SimpleQueue.put is reentrant)."""
+        self.events.put(None)
+
+    def _reap(self, proc: subprocess.Popen) -> None:
+        try:
+            proc.wait()
+        except Exception:  # noqa: BLE001 - the pool's own poll reaps it then
+            pass
+        self.wake()
+
+    def poll(self, on_result, timeout: float = 0.0) -> None:
+        """Score what ended; first wait up to `timeout` seconds for something to end (not past a hard deadline)."""
+        import queue
+
+        if timeout > 0 and self.running:
+            now = time.monotonic()
+            nearest = min(r.hard_deadline for r in self.running) - now
+            try:
+                self.events.get(timeout=max(0.0, min(timeout, nearest)))
+            except queue.Empty:
+                pass
+        while True:  # what else has happened meanwhile: looked at below all at once
+            try:
+                self.events.get_nowait()
+            except queue.Empty:
+                break
         now = time.monotonic()
         for r in list(self.running):
             if not r.ended and r.proc.poll() is not None:
@@ -1660,7 +1703,21 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
 
     Jobs run on this machine's process pool, or on a Dask cluster (`cluster`: `local` or `tcp://host:port`;
     default settings.ini's [grading] cluster): `tito.executor`. Only this process scores and writes results.
-    `skip_cells=False` runs every cell, also those `skipped_when_grading` (the benchmark's baseline)."""
+    `skip_cells=False` runs every cell, also those `skipped_when_grading` (the benchmark's baseline).
+
+    While it runs, what this process held before (its imports: nbgrader, SQLAlchemy, NumPy) and the run's own
+    long-lived state are kept out of Python's full garbage collections (`gc.freeze`, undone when it returns): one
+    full collection scanned all of it (about 0.2 s of this process), and a run of many submissions makes several."""
+    gc.freeze()
+    try:
+        return _autograde(settings, module, students, force, workers, on_event, cluster, skip_cells)
+    finally:
+        gc.unfreeze()
+
+
+def _autograde(settings: Settings, module: Module, students: list[str] | None, force: bool, workers: int | None,
+               on_event: Callable[[str, Outcome | None, int, int], None] | None, cluster: str | None,
+               skip_cells: bool) -> RunReport:
     from .executor import DaskExecutor, LocalExecutor, NodeSpec, new_run_id
     from .trusted import TITO_DIR, Plan, code_tree, probe_digest
 
@@ -1727,6 +1784,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 # the reference's records for this run's seed, computed here, outside every sandbox
                 plan = Plan.make(settings.root, module, timeout_s=g.probe_timeout)
             executor = LocalExecutor(box, nworkers, files, g, plan)
+            stop.wake = executor.wake
             run_notes = box.notes + [box.describe()]
 
         def record(outcome: Outcome, job: Job, sandbox: str = "") -> None:
@@ -1777,6 +1835,7 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
                 open_book.callback(saver.flush)  # before the gradebook closes (which drops what is not committed)
                 book.open_submissions({s: _read_timestamp(settings.nbgrader_root / "submitted" / s / module.slug)
                                        for s in todo})
+            gc.freeze()  # the run's long-lived state (the plan's tables, the package, the gradebook's rows) too
             while executor is not None and (queue or executor.busy()) and not stop:
                 while queue and executor.room() and not stop:
                     job = _prepared(settings, module, queue.pop(0), release, release_bytes, salt, plan, files,
