@@ -597,10 +597,10 @@ def exported_source(nb) -> tuple[str, list[str]]:
                 if defs:
                     parts.append(f"# cell {i + 1} (not exported: its definitions)\n{defs}\n")
             continue
-        body = "\n".join(ln for ln in src.splitlines() if not re.match(r"^#\|", ln))
+        body = "\n".join(ln for ln in src.splitlines() if not ln.startswith("#|"))
         kept = []
         for ln in body.splitlines():
-            (future if re.match(r"^from __future__ import", ln) else kept).append(ln)
+            (future if ln.startswith("from __future__ import") else kept).append(ln)
         body = "\n".join(kept)
         error = _syntax_error(body)
         if error is not None:
