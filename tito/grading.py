@@ -168,7 +168,12 @@ def check_cell_metadata(nb) -> None:
                     cls = jsonschema.validators.validator_for(self.schema)
                     cls.check_schema(self.schema)
                     self.compiled = cls(self.schema)
-                self.compiled.validate(cell.metadata["nbgrader"])
+                    self.valid = set()  # metadata found valid (as JSON text): the release's, in every submission
+                key = json.dumps(cell.metadata["nbgrader"], sort_keys=True)
+                if key not in self.valid:
+                    self.compiled.validate(cell.metadata["nbgrader"])
+                    if len(self.valid) < 100_000:
+                        self.valid.add(key)
 
         class Validator(MetadataValidator, CompiledSchema):  # MRO: nbgrader's checks, then CompiledSchema's
             pass
@@ -1242,8 +1247,8 @@ def restore_trusted_cells(nb, prepared) -> None:
             a.get("cell_type") != b.get("cell_type") for a, b in zip(nb.cells, prepared.cells)):
         check_cell_metadata(nb)
         return
-    for cell, trusted in zip(nb.cells, prepared.cells):
-        cell["metadata"] = copy.deepcopy(trusted.get("metadata", {}))
+    for cell, trusted in zip(nb.cells, prepared.cells):  # shared, not copied: the prepared notebook is not used again
+        cell["metadata"] = trusted.get("metadata", {})
         cell["source"] = trusted.get("source", "")
         if "id" in trusted:
             cell["id"] = trusted["id"]
