@@ -1323,18 +1323,22 @@ def fail(settings: Settings, module: Module, job: Job, reason: str, status: str 
 # ------------------------------------------------------------------ the run: parallel workers
 
 
-def package_files(root: Path, module: Module) -> dict[str, str]:
-    """The course's tinytorch package without the graded module and the ones after it (base64 by path)."""
+def package_files(root: Path, module: Module, cache: Path | None = None) -> dict[str, str]:
+    """The course's tinytorch package without the graded module and the ones after it (base64 by path).
+
+    `cache`: a folder only tito writes, where what each file imports is kept by its content and the package's layout
+    (parsing every file cost about 0.1 s of the instructor's process per run)."""
     pkg = root / "tinytorch"
     excluded = set()
     for m in load_modules(root):
         if m.number >= module.number:
             excluded.update(f.resolve() for f in m.package_files(root))
-    kept = [p for p in sorted(pkg.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
-            and p.suffix != ".pyc" and p.resolve() not in excluded]
+    every = [p for p in sorted(pkg.rglob("*")) if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    kept = [p for p in every if p.is_file() and p.resolve() not in excluded]
+    data = {p: p.read_bytes() for p in kept}
     # given code (modules/common notebooks) belongs to no module: it goes with the submission only when every
     # package file it imports goes too (the serving engine needs module 13's GPT, so module 01's kernel lacks it)
-    imports = {p: package_imports(p, root) for p in kept if p.suffix == ".py"}  # each file parsed once
+    imports = _package_imports_of([p for p in kept if p.suffix == ".py"], data, root, every, cache)
     changed = True
     while changed:
         present = {p.resolve() for p in kept}
@@ -1343,7 +1347,40 @@ def package_files(root: Path, module: Module) -> dict[str, str]:
             if p.suffix == ".py" and any(dep not in present for dep in imports[p]):
                 kept.remove(p)
                 changed = True
-    return {str(p.relative_to(root)): base64.b64encode(p.read_bytes()).decode() for p in kept}
+    return {str(p.relative_to(root)): base64.b64encode(data[p]).decode() for p in kept}
+
+
+def _package_imports_of(files: list[Path], data: dict[Path, bytes], root: Path, every: list[Path],
+                        cache: Path | None) -> dict[Path, set[Path]]:
+    """`package_imports` of each file (each parsed once), from `cache`/imports.json where a file's content and the
+    package's layout (which files exist: an import resolves against them) are those it was computed for."""
+    top = root.resolve()
+    if cache is None:
+        return {p: package_imports(p, root) for p in files}
+    layout = hashlib.sha256("\n".join(str(p.relative_to(root)) + ("/" if p.is_dir() else "")
+                                      for p in every).encode()).hexdigest()
+    store = cache / "imports.json"
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+        known = known["files"] if known.get("layout") == layout else {}
+    except (OSError, ValueError, KeyError, AttributeError):
+        known = {}
+    out, fresh = {}, dict(known)  # the other modules' files stay (one cache for every module's runs)
+    for p in files:
+        rel, sha = str(p.relative_to(root)), hashlib.sha256(data[p]).hexdigest()
+        hit = known.get(rel)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == sha:
+            out[p] = {top.joinpath(d) for d in hit[1]}
+        else:
+            out[p] = package_imports(p, root)
+        fresh[rel] = [sha, sorted(str(d.relative_to(top)) for d in out[p])]
+    if fresh != known:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(store, json.dumps({"layout": layout, "files": fresh}, indent=1) + "\n")
+        except OSError:
+            pass  # a cache: the next run parses again
+    return out
 
 
 def package_imports(path: Path, root: Path) -> set[Path]:
@@ -1757,7 +1794,7 @@ def _autograde(settings: Settings, module: Module, students: list[str] | None, f
 
     nworkers = max(1, workers or g.workers)
     hidden = [settings.root / "modules", settings.root / "tinytorch", settings.nbgrader_root, TITO_DIR]
-    files = package_files(settings.root, module) if todo else {}  # the kernels' package: only when one runs
+    files = package_files(settings.root, module, cache=settings.nbgrader_root / "grading" / ".code") if todo else {}
     stop = Stop()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     plan, executor, box, code_dir = None, None, None, None
@@ -1782,7 +1819,7 @@ def _autograde(settings: Settings, module: Module, students: list[str] | None, f
                                max_processes=g.max_processes)
             code_base = Path("/var/tmp") if box.mode == "namespace" and Path("/var/tmp").is_dir() else None
             code_dir = Path(tempfile.mkdtemp(prefix="tito-code-", dir=code_base))
-            box.code_root = code_tree(code_dir, module.number)
+            box.code_root = code_tree(code_dir, module.number, cache=settings.nbgrader_root / "grading" / ".code")
             box.cgroups = Cgroups.detect(int(g.memory_gb * (1 << 30)), g.max_processes)
             if todo:  # the worker must start, import and run before any submission is tried
                 preflight(box, files, prerequisite_imports(files), stamp=settings.nbgrader_root / "grading" / ".preflight")

@@ -90,9 +90,38 @@ def package_module_name(root: Path, module: Module) -> tuple[str, str]:
     return ".".join(rel.with_suffix("").parts), str(rel)
 
 
-def code_tree(dest: Path, number: str | None) -> Path:
+def code_tree(dest: Path, number: str | None, cache: Path | None = None) -> Path:
     """The only tito code a grading sandbox gets, copied under `dest` (readable by every user): the notebook
-    worker and what it imports, the probe runner, and module `number`'s probe file without its checks."""
+    worker and what it imports, the probe runner, and module `number`'s probe file without its checks.
+
+    `cache`: a folder of this course that only tito writes (the sandboxes never see it): the tree is built there once
+    per content of those files (and this Python's bytecode version), and copied from it, compiled, for each run:
+    building it (stripping the checks, compiling) cost about 0.15 s of the instructor's process per run."""
+    if cache is not None:
+        import importlib.util
+
+        h = hashlib.sha256(importlib.util.MAGIC_NUMBER + sys.version.encode())
+        sources = [TITO_DIR / n for n in dict.fromkeys(WORKER_FILES + PROBE_FILES)] + [TITO_DIR / "probes" / "__init__.py"]
+        if number is not None and P.module_probes(number):
+            sources.append(P.probe_file(number))
+        for f in sources + [Path(__file__)]:
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+        built = cache / f"{number or 'none'}-{h.hexdigest()[:20]}"
+        if not (built / "tito").is_dir():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=cache))
+            try:
+                code_tree(tmp, number)
+                os.chmod(tmp, 0o755)
+                os.rename(tmp, built)  # whole or not at all; another run that built it first wins
+            except OSError:
+                if not (built / "tito").is_dir():
+                    raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(built / "tito", dest / "tito", dirs_exist_ok=True)  # copy2: the bytecode stays valid
+        os.chmod(dest, 0o755)
+        return dest
     tito = dest / "tito"
     (tito / "probes").mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(WORKER_FILES + PROBE_FILES):
