@@ -450,7 +450,7 @@ class Sandbox:
         if self.mode == "bwrap":
             code = f" and of tito's grading code at {CODE_MOUNT}" if self.code_root is not None else ""
             return (f"sandbox bwrap: student code runs {who} in bubblewrap: it sees only read-only binds of "
-                    f"{', '.join(str(p) for p in python_paths(self.code_root is None))}{code} and the system's /usr, "
+                    f"{', '.join(str(p) for p in self._python_paths())}{code} and the system's /usr, "
                     f"a private /tmp, no network, its own PID namespace; {limits}")
         if self.mode == "namespace":
             return (f"sandbox namespace: student code runs {who} in its own mount and PID namespaces; "
@@ -458,6 +458,15 @@ class Sandbox:
                     f"stays readable; {limits}")
         return ("sandbox none: student code runs as you (see the README's instructor loop section); "
                 f"it gets its own working directory and HOME outside the course tree; {limits}")
+
+    def _python_paths(self) -> list[Path]:
+        """`python_paths` for this sandbox, resolved once per code tree (building the bwrap command for each slot,
+        and describing the sandbox, resolved every path of sys.path again)."""
+        key = (self.code_root is None, tuple(sys.path))
+        cached = self.__dict__.get("_paths")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_paths"] = (key, python_paths(self.code_root is None))
+        return list(cached[1])
 
     def _uid(self, slot: int) -> int:
         return self.uids[slot % len(self.uids)]
@@ -509,7 +518,7 @@ class Sandbox:
             args += ["--perms", "0755", "--dir", str(Path(CODE_MOUNT).parent), "--ro-bind", str(self.code_root),
                      CODE_MOUNT]
             made.add(Path(CODE_MOUNT).parent)
-        for p in python_paths(self.code_root is None):
+        for p in self._python_paths():
             if str(p).startswith("/usr/"):
                 continue
             for parent in reversed(p.parents):  # folders bwrap makes on the way are mode 700 unless told
@@ -517,7 +526,7 @@ class Sandbox:
                     args += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
             args += ["--ro-bind", str(p), str(p)]
-        for p in python_paths(self.code_root is None):  # an installed course package (pip install ., not -e) is hidden: the
+        for p in self._python_paths():  # an installed course package (pip install ., not -e) is hidden: the
             for pkg in (p / "tinytorch", p / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"  # kernel
                         / "site-packages" / "tinytorch"):  # imports only the prerequisite copy
                 if pkg.is_dir() and not pkg.is_symlink():
