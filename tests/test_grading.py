@@ -792,3 +792,46 @@ def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):
     assert any("image/png" in o.get("data", {}) for o in out.cells[3].outputs), out.cells[3].outputs
     assert texts[4] == "debugpy []\n", texts
     assert not [n for c in out.cells for o in c.outputs if o.output_type == "stream" for n in [o.text] if "tito" in n]
+
+
+def test_the_pool_waits_for_a_worker_to_end_without_polling_and_a_signal_wakes_it(tmp_path):
+    """`WorkerPool.poll(on_result, timeout)` blocks until a worker ends (a thread waits for its exit) and then scores
+    it; `wake()` (what SIGINT/SIGTERM call) makes it return at once; a hard deadline still kills."""
+    from tito.grading import GradingSettings, Job, Running, WorkerPool
+    from tito.sandbox import Sandbox
+
+    g = GradingSettings(workers=1, notebook_timeout=60, cell_timeout=60, memory_gb=0, sandbox="none", max_processes=256,
+                        feedback_hidden_tests=False, exchange="", output_limit=1000, notebook_output_limit=1000)
+    pool = WorkerPool(Sandbox("none"), 2, {}, g)
+    done = []
+
+    def run(seconds: float, hard: float = 60) -> Running:
+        proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], start_new_session=True)
+        now = time.monotonic()
+        r = Running(Job(f"s{len(pool.running)}", ""), proc, tmp_path / f"{proc.pid}.out", tmp_path / f"{proc.pid}.err",
+                    now, now + hard, str(tmp_path / f"w{proc.pid}"), len(pool.running))
+        pool.running.append(r)
+        import threading
+
+        threading.Thread(target=pool._reap, args=(proc,), daemon=True).start()
+        return r
+
+    try:
+        run(0.5)
+        t0 = time.monotonic()
+        pool.poll(lambda *a: done.append(a), timeout=60)
+        assert len(done) == 1 and time.monotonic() - t0 < 30, done  # it returned when the worker ended
+        assert done[0][1] is None and "exited with code 0 without a result" in done[0][2]
+
+        slow = run(60)
+        t0 = time.monotonic()
+        pool.wake()
+        pool.poll(lambda *a: done.append(a), timeout=60)
+        assert len(done) == 1 and time.monotonic() - t0 < 30  # woken: nothing ended, nothing scored
+        slow.hard_deadline = time.monotonic() + 0.2
+        pool.poll(lambda *a: done.append(a), timeout=60)  # waits for the nearest hard deadline, not 60 s
+        pool.poll(lambda *a: done.append(a), timeout=60)
+        assert len(done) == 2 and done[1][3] is True and time.monotonic() - t0 < 30, done  # killed at the deadline
+        assert slow.proc.poll() is not None
+    finally:
+        pool.close()
