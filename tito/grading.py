@@ -135,7 +135,20 @@ _VALIDATOR = None
 def read_notebook_text(text: str):
     """`nbformat.reads(text, as_version=4)` without the schema validation, which only logs what it finds (about 10 ms
     of tito's process per notebook): the notebooks read here are checked by nbgrader's metadata checks
-    (`check_cell_metadata`) or get their cells back from one that was (`restore_trusted_cells`)."""
+    (`check_cell_metadata`) or get their cells back from one that was (`restore_trusted_cells`). A version 4
+    notebook's objects are made NotebookNodes while the JSON is parsed (nbformat converts them afterwards, one by
+    one); anything else, and text that is not JSON, goes nbformat's way (its errors)."""
+    try:
+        nb = json.loads(text, object_hook=nbformat.NotebookNode)
+    except ValueError:
+        nb = None
+    if isinstance(nb, dict) and nb.get("nbformat") == 4:
+        from nbformat.v4.rwbase import rejoin_lines, strip_transient
+
+        try:
+            return nbformat.convert(strip_transient(rejoin_lines(nb)), 4)
+        except (AttributeError, KeyError, TypeError):
+            pass
     return nbformat.convert(nbformat.reader.reads(text), 4)
 
 
