@@ -956,9 +956,10 @@ def save_results(settings: Settings, module: Module, results: dict[str, Outcome]
 class ResultsSaver:
     """The results file of a run, rewritten (atomically) when a result changed and `every_s` seconds have passed
     since the last write, and by `flush()` (at the end of a run, also an interrupted one): a class of 500 rewrote
-    the whole file after every submission. What is not on disk yet when tito is killed is graded again next run."""
+    the whole file after every submission. What is not on disk yet when tito is killed (SIGKILL: at most `every_s`
+    seconds of results) is graded again next run."""
 
-    def __init__(self, settings: Settings, module: Module, results: dict[str, "Outcome"], every_s: float = 2.0,
+    def __init__(self, settings: Settings, module: Module, results: dict[str, "Outcome"], every_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, commit: Callable[[], None] | None = None) -> None:
         self.settings, self.module, self.results, self.every_s, self.clock = settings, module, results, every_s, clock
         self.commit = commit  # called before each write: the gradebook's scores of these results (RunBook.commit)
