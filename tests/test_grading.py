@@ -710,6 +710,29 @@ def test_a_lazy_import_inside_a_function_does_not_drop_a_file_from_the_kernels_p
     assert "tinytorch/core/activations.py" not in files
 
 
+def test_the_kernels_package_from_the_imports_cache_is_the_one_parsed_and_a_changed_file_is_parsed_again(tmp_path):
+    """`package_files(..., cache=)` keeps what each file imports by its content and the package's layout: the same
+    package for every module, and a file whose content changed (here: the cache says otherwise) is parsed again."""
+    import json
+
+    from tito.grading import package_files
+
+    cache = tmp_path / "cache"
+    for number in sorted(MODULES):
+        want = package_files(ROOT, MODULES[number])
+        assert package_files(ROOT, MODULES[number], cache=cache) == want, number
+        assert package_files(ROOT, MODULES[number], cache=cache) == want, number  # read back from the cache
+    store = json.loads((cache / "imports.json").read_text())
+    sha, deps = store["files"]["tinytorch/core/activations.py"]
+    lie = ["tinytorch/core/autograd.py"]  # activations imports module 06's autograd: module 03's kernel cannot have it
+    store["files"]["tinytorch/core/activations.py"] = [sha, lie]  # believed: the content is the one it was kept for
+    (cache / "imports.json").write_text(json.dumps(store))
+    assert "tinytorch/core/activations.py" not in package_files(ROOT, MODULES["03"], cache=cache)  # the cache was used
+    store["files"]["tinytorch/core/activations.py"] = ["0" * 64, lie]  # the same lie for another content: not believed
+    (cache / "imports.json").write_text(json.dumps(store))
+    assert package_files(ROOT, MODULES["03"], cache=cache) == package_files(ROOT, MODULES["03"])
+
+
 def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
     """Cells after the last graded test and cells tagged `tito:skip-when-grading` (or showing `# tito: skip when
     grading`) are not run by the grading worker; a graded or solution cell is run whatever it says."""
