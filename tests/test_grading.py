@@ -858,3 +858,32 @@ def test_the_pool_waits_for_a_worker_to_end_without_polling_and_a_signal_wakes_i
         assert slow.proc.poll() is not None
     finally:
         pool.close()
+
+
+def test_the_autograded_notebooks_text_is_nbformats_byte_for_byte():
+    """`notebook_text` writes what nbformat writes (split lines, sorted keys, indent 1, transient fields dropped,
+    bytes as text, NaN and infinities as Python's json writes them) without changing the notebook."""
+    import json
+
+    from tito.grading import notebook_text
+
+    for m in MODULES.values():
+        nb = nbs.read(m.notebook)
+        assert notebook_text(nb) == nbformat.versions[4].writes_json(nb), m.slug
+    nb = nbs.read(MODULES["06"].notebook)
+    nb.metadata["orig_nbformat"] = 3
+    nb.cells[0].metadata["x"] = [1.5, float("nan"), float("inf"), -float("inf"), True, None, 10 ** 30, (1, 2),
+                                 "é\u2028\x00\"\\", {}, [], b"QUJD"]
+    nb.cells[0].attachments = {"a.png": {"image/png": "QUJD", "text/plain": "a\nb\n"}}
+    nb.cells[1].metadata["trusted"] = True
+    nb.cells.append(nbformat.v4.new_code_cell("x = 1\ny = 2", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="1\n2"),
+        nbformat.v4.new_output("display_data", data={"text/html": "<b>\n</b>", "application/json": {"a": [1]},
+                                                     "image/svg+xml": "<svg>\n</svg>", "image/png": "QUJD\n"}),
+        nbformat.v4.new_output("error", ename="E", evalue="v", traceback=["a\nb", "c"])]))
+    before = json.dumps(nb, default=repr, sort_keys=True)
+    assert notebook_text(nb) == nbformat.versions[4].writes_json(nb)
+    assert json.dumps(nb, default=repr, sort_keys=True) == before  # the notebook itself is left as it was
+    nb.cells[0].metadata["odd"] = object()
+    with pytest.raises(TypeError):  # what nbformat's writer raises
+        notebook_text(nb)
