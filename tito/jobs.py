@@ -312,6 +312,7 @@ class Session:
             select.select([], [self.wfd], [], min(left, 0.25))
 
     def send_job(self, kind: str, payload: dict, deadline: float) -> None:
+        assert kind in KINDS, kind
         head, tail = job_frame(kind)
         self.send_bytes(head + payload_bytes(payload) + tail, deadline)
 
