@@ -581,12 +581,19 @@ class Sandbox:
         die with tito (util-linux `setpriv --pdeathsig`), the resource limits (util-linux `prlimit`); its own session
         is Popen's `start_new_session`. Started so, Popen takes its fast path (vfork and exec) instead of a full copy
         of tito's process for a function to run before exec (about 6 ms of tito's process per start). None where
-        those tools are missing (then `preexec`)."""
+        those tools are missing or too old (then `preexec`)."""
         if not sys.platform.startswith("linux"):
             return None
         tools = self.__dict__.get("_tools")
         if tools is None:
-            tools = self.__dict__["_tools"] = tuple(shutil.which(t) for t in ("setpriv", "prlimit"))
+            setpriv, prlimit = (shutil.which(t) for t in ("setpriv", "prlimit"))
+            try:  # util-linux before 2.33 (RHEL 8) has no --pdeathsig
+                if setpriv is not None and "--pdeathsig" not in subprocess.run(
+                        [setpriv, "--help"], capture_output=True, text=True, timeout=30).stdout:
+                    setpriv = None
+            except (OSError, subprocess.SubprocessError):
+                setpriv = None
+            tools = self.__dict__["_tools"] = (setpriv, prlimit)
         setpriv, prlimit = tools
         if setpriv is None or prlimit is None:
             return None
