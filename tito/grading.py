@@ -234,6 +234,9 @@ def _write_json(o, nl: str, put) -> None:
             put("[]")
             return
         inner = nl + " "
+        if all(type(v) is str for v in o):  # a cell's source or an output's text, split into lines: one join
+            put("[" + inner + ("," + inner).join(map(_encode_str, o)) + nl + "]")
+            return
         put("[")
         first = True
         for v in o:
