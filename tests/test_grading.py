@@ -732,6 +732,29 @@ def test_a_lazy_import_inside_a_function_does_not_drop_a_file_from_the_kernels_p
     assert "tinytorch/core/activations.py" not in files
 
 
+def test_the_kernels_package_from_the_imports_cache_is_the_one_parsed_and_a_changed_file_is_parsed_again(tmp_path):
+    """`package_files(..., cache=)` keeps what each file imports by its content and the package's layout: the same
+    package for every module, and a file whose content changed (here: the cache says otherwise) is parsed again."""
+    import json
+
+    from tito.grading import package_files
+
+    cache = tmp_path / "cache"
+    for number in sorted(MODULES):
+        want = package_files(ROOT, MODULES[number])
+        assert package_files(ROOT, MODULES[number], cache=cache) == want, number
+        assert package_files(ROOT, MODULES[number], cache=cache) == want, number  # read back from the cache
+    store = json.loads((cache / "imports.json").read_text())
+    sha, deps = store["files"]["tinytorch/core/activations.py"]
+    lie = ["tinytorch/core/autograd.py"]  # activations imports module 06's autograd: module 03's kernel cannot have it
+    store["files"]["tinytorch/core/activations.py"] = [sha, lie]  # believed: the content is the one it was kept for
+    (cache / "imports.json").write_text(json.dumps(store))
+    assert "tinytorch/core/activations.py" not in package_files(ROOT, MODULES["03"], cache=cache)  # the cache was used
+    store["files"]["tinytorch/core/activations.py"] = ["0" * 64, lie]  # the same lie for another content: not believed
+    (cache / "imports.json").write_text(json.dumps(store))
+    assert package_files(ROOT, MODULES["03"], cache=cache) == package_files(ROOT, MODULES["03"])
+
+
 def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
     """Cells after the last graded test and cells tagged `tito:skip-when-grading` (or showing `# tito: skip when
     grading`) are not run by the grading worker; a graded or solution cell is run whatever it says."""
@@ -845,3 +868,75 @@ def test_pyplot_loads_in_the_grading_kernel_only_when_a_cell_uses_it(tmp_path):
     assert any("image/png" in o.get("data", {}) for o in out.cells[3].outputs), out.cells[3].outputs
     assert texts[4] == "debugpy []\n", texts
     assert not [n for c in out.cells for o in c.outputs if o.output_type == "stream" for n in [o.text] if "tito" in n]
+
+
+def test_the_pool_waits_for_a_worker_to_end_without_polling_and_a_signal_wakes_it(tmp_path):
+    """`WorkerPool.poll(on_result, timeout)` blocks until a worker ends (a thread waits for its exit) and then scores
+    it; `wake()` (what SIGINT/SIGTERM call) makes it return at once; a hard deadline still kills."""
+    from tito.grading import GradingSettings, Job, Running, WorkerPool
+    from tito.sandbox import Sandbox
+
+    g = GradingSettings(workers=1, notebook_timeout=60, cell_timeout=60, memory_gb=0, sandbox="none", max_processes=256,
+                        feedback_hidden_tests=False, exchange="", output_limit=1000, notebook_output_limit=1000)
+    pool = WorkerPool(Sandbox("none"), 2, {}, g)
+    done = []
+
+    def run(seconds: float, hard: float = 60) -> Running:
+        proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], start_new_session=True)
+        now = time.monotonic()
+        r = Running(Job(f"s{len(pool.running)}", ""), proc, tmp_path / f"{proc.pid}.out", tmp_path / f"{proc.pid}.err",
+                    now, now + hard, str(tmp_path / f"w{proc.pid}"), len(pool.running))
+        pool.running.append(r)
+        import threading
+
+        threading.Thread(target=pool._reap, args=(proc,), daemon=True).start()
+        return r
+
+    try:
+        run(0.5)
+        t0 = time.monotonic()
+        pool.poll(lambda *a: done.append(a), timeout=60)
+        assert len(done) == 1 and time.monotonic() - t0 < 30, done  # it returned when the worker ended
+        assert done[0][1] is None and "exited with code 0 without a result" in done[0][2]
+
+        slow = run(60)
+        t0 = time.monotonic()
+        pool.wake()
+        pool.poll(lambda *a: done.append(a), timeout=60)
+        assert len(done) == 1 and time.monotonic() - t0 < 30  # woken: nothing ended, nothing scored
+        slow.hard_deadline = time.monotonic() + 0.2
+        pool.poll(lambda *a: done.append(a), timeout=60)  # waits for the nearest hard deadline, not 60 s
+        pool.poll(lambda *a: done.append(a), timeout=60)
+        assert len(done) == 2 and done[1][3] is True and time.monotonic() - t0 < 30, done  # killed at the deadline
+        assert slow.proc.poll() is not None
+    finally:
+        pool.close()
+
+
+def test_the_autograded_notebooks_text_is_nbformats_byte_for_byte():
+    """`notebook_text` writes what nbformat writes (split lines, sorted keys, indent 1, transient fields dropped,
+    bytes as text, NaN and infinities as Python's json writes them) without changing the notebook."""
+    import json
+
+    from tito.grading import notebook_text
+
+    for m in MODULES.values():
+        nb = nbs.read(m.notebook)
+        assert notebook_text(nb) == nbformat.versions[4].writes_json(nb), m.slug
+    nb = nbs.read(MODULES["06"].notebook)
+    nb.metadata["orig_nbformat"] = 3
+    nb.cells[0].metadata["x"] = [1.5, float("nan"), float("inf"), -float("inf"), True, None, 10 ** 30, (1, 2),
+                                 "é\u2028\x00\"\\", {}, [], b"QUJD"]
+    nb.cells[0].attachments = {"a.png": {"image/png": "QUJD", "text/plain": "a\nb\n"}}
+    nb.cells[1].metadata["trusted"] = True
+    nb.cells.append(nbformat.v4.new_code_cell("x = 1\ny = 2", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="1\n2"),
+        nbformat.v4.new_output("display_data", data={"text/html": "<b>\n</b>", "application/json": {"a": [1]},
+                                                     "image/svg+xml": "<svg>\n</svg>", "image/png": "QUJD\n"}),
+        nbformat.v4.new_output("error", ename="E", evalue="v", traceback=["a\nb", "c"])]))
+    before = json.dumps(nb, default=repr, sort_keys=True)
+    assert notebook_text(nb) == nbformat.versions[4].writes_json(nb)
+    assert json.dumps(nb, default=repr, sort_keys=True) == before  # the notebook itself is left as it was
+    nb.cells[0].metadata["odd"] = object()
+    with pytest.raises(TypeError):  # what nbformat's writer raises
+        notebook_text(nb)

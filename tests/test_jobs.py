@@ -100,3 +100,76 @@ def test_the_job_line_built_from_an_encoded_payload_is_the_job_message():
 
     assert json.loads(jobs.job_bytes("grade", json.dumps({"x": [1, 2]}))) == jobs.job_message("grade", {"x": [1, 2]})
     assert jobs.job_bytes("grade", "{}").count(b"\n") == 1 and jobs.job_bytes("grade", "{}").endswith(b"\n")
+
+
+LIMITS = """
+import ctypes, json, os, resource
+libc = ctypes.CDLL(None)
+sig = ctypes.c_int(0)
+libc.prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+print(json.dumps({"pid": os.getpid(), "sid": os.getsid(0), "pdeathsig": sig.value,
+                  **{k: list(resource.getrlimit(getattr(resource, "RLIMIT_" + k.upper())))
+                     for k in ("as", "fsize", "core", "nproc")}}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups, prctl: Linux")
+@pytest.mark.parametrize("how", ["launcher", "preexec"])
+def test_a_started_worker_is_in_its_cgroup_with_the_limits_its_own_session_and_dies_with_tito(tmp_path, how):
+    """`jobs.start` without a preexec function (so Popen need not copy tito's process) sets what the preexec
+    function set: the cgroup (here two folders standing for the v1 hierarchies), the limits, a new session and the
+    parent-death signal."""
+    import json
+
+    from tito.sandbox import Group, Sandbox
+
+    box = Sandbox("none", memory_bytes=3 << 30, max_processes=300)
+    if how == "preexec":
+        box.launcher = lambda group=None: None
+    else:
+        assert box.launcher(None) is not None, "setpriv and prlimit (util-linux) are installed here"
+    group = Group.__new__(Group)
+    group.dirs = [tmp_path / "memory", tmp_path / "pids"]
+    for d in group.dirs:
+        d.mkdir()
+        (d / "cgroup.procs").write_text("")
+    proc = jobs.start(box, "", group=group, command=[sys.executable, "-c", LIMITS], stdin=subprocess.DEVNULL,
+                      cwd=str(tmp_path))
+    out, _ = proc.communicate(timeout=60)
+    got = json.loads(out)
+    assert got["pid"] == proc.pid == got["sid"], got  # the process Popen started (exec'd into), its own session
+    assert got["as"] == [3 << 30, 3 << 30] and got["fsize"] == [1 << 30, 1 << 30] and got["core"] == [0, 0], got
+    assert got["nproc"][0] == got["nproc"][1] >= 300, got
+    assert got["pdeathsig"] == 9, got  # SIGKILL
+    for d in group.dirs:
+        assert (d / "cgroup.procs").read_text().strip() == str(proc.pid)
+
+
+def test_a_worker_that_cannot_join_its_cgroup_does_not_run(tmp_path):
+    from tito.sandbox import Group, Sandbox
+
+    box = Sandbox("none", memory_bytes=0, max_processes=300)
+    if box.launcher(None) is None:
+        pytest.skip("setpriv and prlimit are not installed: the preexec function applies")
+    group = Group.__new__(Group)
+    group.dirs = [tmp_path / "gone"]
+    proc = jobs.start(box, "", group=group, command=[sys.executable, "-c", "print('ran')"], stdin=subprocess.DEVNULL,
+                      stderr=subprocess.PIPE, cwd=str(tmp_path))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 125 and b"ran" not in out and b"cannot join the submission's cgroup" in err, (out, err)
+
+
+def test_a_payload_with_shared_files_is_the_same_json_and_pickles_as_a_dict():
+    import json
+    import pickle
+
+    shared = {"tinytorch/core/tensor.py": "QUJD", "tinytorch/__init__.py": ""}
+    files = jobs.Files(shared, jobs.encode_files(shared), {"tinytorch/core/autograd.py": "eHl6", "tinytorch/__init__.py": "Wg=="})
+    payload = {"module": "06", "seed": 7, "mode": "replay", "files": files}
+    assert json.loads(jobs.payload_bytes(payload)) == json.loads(json.dumps(payload)) == payload
+    assert json.loads(jobs.payload_bytes(payload))["files"]["tinytorch/__init__.py"] == "Wg=="  # its own file wins
+    assert jobs.payload_bytes({"files": jobs.Files({}, b"", {"a.py": "eA=="})}) == b'{"files":{"a.py":"eA=="}}'
+    back = pickle.loads(pickle.dumps(files))
+    assert type(back) is dict and back == dict(files)
+    line = jobs.job_frame("probe")[0] + jobs.payload_bytes(payload) + jobs.job_frame("probe")[1]
+    assert json.loads(line) == jobs.job_message("probe", payload)

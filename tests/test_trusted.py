@@ -1041,3 +1041,25 @@ def test_numbers_are_compared_as_numbers_whatever_their_python_or_numpy_type():
     assert P.compare(True, P.Arr(np.array(1.0), "scalar"), p, "b")  # a bool is not a number here
     back = P.array_from_json(P.array_json(np.float64(2.5))["__array__"])
     assert back.shape == () and back == 2.5
+
+
+def test_the_code_tree_from_the_cache_is_the_one_built_with_valid_bytecode(tmp_path):
+    """`code_tree(..., cache=)` builds the sandbox's tito tree once per content and copies it: the same files (the
+    probe file without its checks), bytecode Python accepts for them,."""
+    import importlib.util
+
+    built = code_tree(tmp_path / "plain", "06")
+    a = code_tree(tmp_path / "a", "06", cache=tmp_path / "cache")
+    b = code_tree(tmp_path / "b", "06", cache=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # built once
+    files = lambda root: sorted(str(p.relative_to(root)) for p in root.rglob("*.py"))  # noqa: E731
+    assert files(a) == files(b) == files(built) and "tito/probes/m06.py" in files(a)
+    for rel in files(a):
+        assert (a / rel).read_bytes() == (built / rel).read_bytes(), rel
+        pyc = Path(importlib.util.cache_from_source(str(a / rel)))
+        data, st = pyc.read_bytes(), (a / rel).stat()
+        assert data[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(data[4:8], "little") == 0, rel
+        assert int.from_bytes(data[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF, rel  # valid for the copied source
+        assert int.from_bytes(data[12:16], "little") == st.st_size & 0xFFFFFFFF, rel
+        assert oct((a / rel).stat().st_mode & 0o777) == "0o644"
+    assert oct(a.stat().st_mode & 0o777) == "0o755"

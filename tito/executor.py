@@ -59,6 +59,7 @@ class LocalExecutor:
         self.pool = WorkerPool(box, size, files, g, plan)
         self.node = socket.gethostname()
         self.notes: list[str] = []
+        self.sandbox: str | None = None
 
     def room(self) -> bool:
         return len(self.pool.running) < self.pool.size
@@ -69,10 +70,16 @@ class LocalExecutor:
     def submit(self, job) -> None:
         self.pool.launch(job)
 
-    def wait(self, on_done: Callable[[Done], None], timeout: float = 0.05) -> None:
-        time.sleep(timeout)
+    def wait(self, on_done: Callable[[Done], None], timeout: float = 1.0) -> None:
+        """Block until a job ends (or `timeout` passes, or `wake()`), then call `on_done` for each that ended."""
+        if self.sandbox is None:
+            self.sandbox = self.box.describe()  # the same for every job of the run
         self.pool.poll(lambda job, result, why, killed, checked=None: on_done(
-            Done(job, result, why, killed, checked, self.node, self.box.describe())))
+            Done(job, result, why, killed, checked, self.node, self.sandbox)), timeout)
+
+    def wake(self) -> None:
+        """Make a waiting `wait` return now (a signal handler calls it: the run stops)."""
+        self.pool.wake()
 
     def close(self) -> list[str]:
         return self.pool.close()
@@ -200,9 +207,8 @@ def grade_on_node(task: dict, spec: NodeSpec) -> dict:
     try:
         pool.launch(job)
         while pool.running:
-            time.sleep(0.05)
             pool.poll(lambda j, result, why, killed, checked=None: out.update(
-                result=result, why=why, killed=killed, checked=checked))
+                result=result, why=why, killed=killed, checked=checked), timeout=1.0)
     finally:
         pool.close()
         with node.lock:

@@ -89,6 +89,16 @@ exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --boun
 _NS_SCRIPT_CD = _NS_SCRIPT.replace('privtmp="$4"; shift 4', 'privtmp="$4"; workdir="$5"; shift 5').replace(
     'exec setpriv', 'cd "$workdir"\nexec setpriv')
 
+# Joins the cgroups whose cgroup.procs files come before `--`, then runs the rest (Sandbox.launcher)
+_JOIN_CGROUP = r"""
+while [ "$1" != "--" ]; do
+  if ! echo $$ > "$1"; then echo "tito: cannot join the submission's cgroup ($1)" >&2; exit 125; fi
+  shift
+done
+shift
+exec "$@"
+"""
+
 # files of /etc a Python process and a Jupyter kernel may read (name resolution of localhost, time zone)
 _ETC = ("ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "hosts", "passwd", "group", "mime.types")
 
@@ -440,7 +450,7 @@ class Sandbox:
         if self.mode == "bwrap":
             code = f" and of tito's grading code at {CODE_MOUNT}" if self.code_root is not None else ""
             return (f"sandbox bwrap: student code runs {who} in bubblewrap: it sees only read-only binds of "
-                    f"{', '.join(str(p) for p in python_paths(self.code_root is None))}{code} and the system's /usr, "
+                    f"{', '.join(str(p) for p in self._python_paths())}{code} and the system's /usr, "
                     f"a private /tmp, no network, its own PID namespace; {limits}")
         if self.mode == "namespace":
             return (f"sandbox namespace: student code runs {who} in its own mount and PID namespaces; "
@@ -448,6 +458,15 @@ class Sandbox:
                     f"stays readable; {limits}")
         return ("sandbox none: student code runs as you (see the README's instructor loop section); "
                 f"it gets its own working directory and HOME outside the course tree; {limits}")
+
+    def _python_paths(self) -> list[Path]:
+        """`python_paths` for this sandbox, resolved once per code tree (building the bwrap command for each slot,
+        and describing the sandbox, resolved every path of sys.path again)."""
+        key = (self.code_root is None, tuple(sys.path))
+        cached = self.__dict__.get("_paths")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_paths"] = (key, python_paths(self.code_root is None))
+        return list(cached[1])
 
     def _uid(self, slot: int) -> int:
         return self.uids[slot % len(self.uids)]
@@ -499,7 +518,7 @@ class Sandbox:
             args += ["--perms", "0755", "--dir", str(Path(CODE_MOUNT).parent), "--ro-bind", str(self.code_root),
                      CODE_MOUNT]
             made.add(Path(CODE_MOUNT).parent)
-        for p in python_paths(self.code_root is None):
+        for p in self._python_paths():
             if str(p).startswith("/usr/"):
                 continue
             for parent in reversed(p.parents):  # folders bwrap makes on the way are mode 700 unless told
@@ -507,7 +526,7 @@ class Sandbox:
                     args += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
             args += ["--ro-bind", str(p), str(p)]
-        for p in python_paths(self.code_root is None):  # an installed course package (pip install ., not -e) is hidden: the
+        for p in self._python_paths():  # an installed course package (pip install ., not -e) is hidden: the
             for pkg in (p / "tinytorch", p / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"  # kernel
                         / "site-packages" / "tinytorch"):  # imports only the prerequisite copy
                 if pkg.is_dir() and not pkg.is_symlink():
@@ -548,16 +567,53 @@ class Sandbox:
             env["TMPDIR"] = "/dev/shm"
         return env
 
-    def preexec(self, group: "Group | None" = None):
-        """What runs in the child before exec: its cgroup (`group`: the submission's), its own session, the
-        resource limits, and death with tito."""
-        memory, nproc = self.memory_bytes, self.max_processes
-        per_uid = self.drops_user
-        if not per_uid and nproc:  # the limit counts all of this user's processes: allow for those running now
+    def _nproc(self) -> int:
+        nproc = self.max_processes
+        if not self.drops_user and nproc:  # the limit counts all of this user's processes: allow for those running now
             import psutil
 
             mine = os.getuid()
             nproc += sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == mine)
+        return nproc
+
+    def launcher(self, group: "Group | None" = None) -> list[str] | None:
+        """The command prefix that does what `preexec` does, in the child, after exec: join the cgroup (`/bin/sh`),
+        die with tito (util-linux `setpriv --pdeathsig`), the resource limits (util-linux `prlimit`); its own session
+        is Popen's `start_new_session`. Started so, Popen takes its fast path (vfork and exec) instead of a full copy
+        of tito's process for a function to run before exec (about 6 ms of tito's process per start). None where
+        those tools are missing or too old (then `preexec`)."""
+        if not sys.platform.startswith("linux"):
+            return None
+        tools = self.__dict__.get("_tools")
+        if tools is None:
+            setpriv, prlimit = (shutil.which(t) for t in ("setpriv", "prlimit"))
+            try:  # util-linux before 2.33 (RHEL 8) has no --pdeathsig
+                if setpriv is not None and "--pdeathsig" not in subprocess.run(
+                        [setpriv, "--help"], capture_output=True, text=True, timeout=30).stdout:
+                    setpriv = None
+            except (OSError, subprocess.SubprocessError):
+                setpriv = None
+            tools = self.__dict__["_tools"] = (setpriv, prlimit)
+        setpriv, prlimit = tools
+        if setpriv is None or prlimit is None:
+            return None
+        nproc = self._nproc()
+        fsize = 1 << 30
+        limits = [prlimit, f"--fsize={fsize}:{fsize}", "--core=0:0"]
+        if self.memory_bytes:
+            limits.append(f"--as={self.memory_bytes}:{self.memory_bytes}")
+        if nproc:
+            limits.append(f"--nproc={nproc}:{nproc}")
+        prefix = [setpriv, "--pdeathsig", "KILL", "--", *limits, "--"]
+        if group is not None:
+            prefix = ["/bin/sh", "-c", _JOIN_CGROUP, "tito-cgroup", *[str(d / "cgroup.procs") for d in group.dirs],
+                      "--", *prefix]
+        return prefix
+
+    def preexec(self, group: "Group | None" = None):
+        """What runs in the child before exec: its cgroup (`group`: the submission's), its own session, the
+        resource limits, and death with tito (where `launcher` cannot: it does the same without a full fork)."""
+        memory, nproc = self.memory_bytes, self._nproc()
 
         libc = None
         if sys.platform.startswith("linux"):  # loaded here: the child of a threaded process only calls it

@@ -41,6 +41,7 @@ its check functions (`sandbox_source`).
 from __future__ import annotations
 
 import ast
+import functools
 import base64
 import contextlib
 import importlib
@@ -551,8 +552,20 @@ def check(p: Probe, student: tuple[dict, dict] | None, reference: tuple[dict, di
 # ------------------------------------------------------------------ the student's exported code
 
 
+@functools.lru_cache(maxsize=4096)
+def _syntax_error(body: str) -> tuple[str, int | None, str] | None:
+    """(type, line, message) of the SyntaxError parsing `body` raises, or None. Cached: most exported cells are the
+    course's given code, the same text in every submission of a grading run."""
+    try:
+        ast.parse(body)
+    except SyntaxError as e:
+        return type(e).__name__, e.lineno, e.msg
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
 def _definitions(src: str) -> str:
-    """The top-level `def`s and `class`es of a cell (nothing else of it runs on import)."""
+    """The top-level `def`s and `class`es of a cell (nothing else of it runs on import). Cached like `_syntax_error`."""
     tree = ast.parse(src)
     lines = src.splitlines(keepends=True)
     out = []
@@ -584,15 +597,14 @@ def exported_source(nb) -> tuple[str, list[str]]:
                 if defs:
                     parts.append(f"# cell {i + 1} (not exported: its definitions)\n{defs}\n")
             continue
-        body = "\n".join(ln for ln in src.splitlines() if not re.match(r"^#\|", ln))
+        body = "\n".join(ln for ln in src.splitlines() if not ln.startswith("#|"))
         kept = []
         for ln in body.splitlines():
-            (future if re.match(r"^from __future__ import", ln) else kept).append(ln)
+            (future if ln.startswith("from __future__ import") else kept).append(ln)
         body = "\n".join(kept)
-        try:
-            ast.parse(body)
-        except SyntaxError as e:
-            skipped.append(f"cell {i + 1}: {type(e).__name__} on line {e.lineno}: {e.msg}")
+        error = _syntax_error(body)
+        if error is not None:
+            skipped.append(f"cell {i + 1}: {error[0]} on line {error[1]}: {error[2]}")
             continue
         parts.append(f"# cell {i + 1}\n{body}\n")
     head = "\n".join(dict.fromkeys(future))
