@@ -160,8 +160,8 @@ class ContinuousBatcher(GenerationBatcher):
 
         CONTRACT, in this order:
         1. Blocks for the running, in `running` order: a sequence whose `blocks_needed` the pool can
-           give gets its table extended to its whole context (`self.pool.allocate(seq.id,
-           seq.length)`) and is decoded this step. When the pool has too few free blocks, preempt
+           give gets its block table extended to cover its whole context (the pool's `allocate`, given
+           the sequence's id and its current length) and is decoded this step. When the pool has too few free blocks, preempt
            the **last** sequence of `running` (`self.preempt`), which may be the one in hand, and
            try again. `decoding` is the running sequences that got their blocks, in order.
         2. Join: unless `policy == "static"` and someone is running, move sequences from the left
@@ -388,10 +388,10 @@ class StaticBatcher(ContinuousBatcher):
             self.decoded_tokens += len(decoding)
         elif self.waiting:
             self._stuck()
-        finished = self.leave()
+        gone = self.leave()
         self.steps += 1
         self.batch_sizes.add(len(decoding))
-        return finished
+        return gone
 
     def leave(self) -> list:
         "The batch leaves together, once its last sequence is done (its blocks freed)."
