@@ -57,11 +57,10 @@ def run_local(number: str, text: str, exercises=None) -> Checked:
     it (isolated mode, from the code tree with the stripped probe file, the job as data) but without a sandbox:
     this checks the probes and the replay, not the isolation."""
     p = plan(number)
-    files = package_files(ROOT, MODULES[number])
+    files, code = _prerequisites(number)
     mine = getattr(text, "files", None) or {p.package_rel: text}
     job = {**p.base(), "mode": "replay", "files": {**files, **{rel: P.b64(body.encode()) for rel, body in mine.items()}}}
     with tempfile.TemporaryDirectory(prefix="tito-trusted-test-") as tmp:
-        code = code_tree(Path(tmp) / "code", number)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME")}
         env.update(OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
 
@@ -71,6 +70,20 @@ def run_local(number: str, text: str, exercises=None) -> Checked:
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                     env=env, cwd=work, start_new_session=True)
         return p.run(job, spawn, kill_group, exercises)
+
+
+def _prerequisites(number: str) -> tuple[dict, Path]:
+    """Module `number`'s prerequisite package (as `package_files` sends it) and its sandbox code tree, built once per
+    module for this test process, as grading builds them once per run: rebuilding both for each of the catalogue's
+    220 mutations (parsing and compiling the package and the probe files) cost the suite about a CPU-second each."""
+    if number not in _PREREQUISITES:
+        code = code_tree(Path(tempfile.mkdtemp(prefix="tito-trusted-code-", dir=_SCRATCH.name)) / "code", number)
+        _PREREQUISITES[number] = (package_files(ROOT, MODULES[number]), code)
+    return _PREREQUISITES[number]
+
+
+_PREREQUISITES: dict = {}
+_SCRATCH = tempfile.TemporaryDirectory(prefix="tito-trusted-tests-")  # removed when this test process ends
 
 
 def verdicts(number: str, text: str, exercises=None) -> dict[str, str]:
