@@ -3,6 +3,7 @@ and the README stays the short front door it should be."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,34 @@ def test_readme_quick_start_has_exactly_two_commands():
     commands = [ln for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     assert len(commands) == 2, commands
     assert (ROOT / ".ci" / "run").read_text().count("python3 -m tito.bootstrap test") == 1
+
+
+def test_the_jobs_keep_bytecode_in_a_private_folder_outside_the_checkout(monkeypatch):
+    """Both quick-start commands let their processes keep bytecode even where the machine sets
+    PYTHONDONTWRITEBYTECODE (each `tito` command compiled tito again), in a folder only this user reads, outside
+    the checkout (no copy of the course carries it, no sandbox sees the solutions' bytecode), removed at the end."""
+    import stat
+    import subprocess
+
+    from tito import bootstrap
+
+    seen = {}
+
+    def run_job(job, argv, py, env):
+        seen.update(env)
+        folder = Path(env["PYTHONPYCACHEPREFIX"])
+        out = subprocess.run([sys.executable, "-c", "import sys; print(sys.pycache_prefix, sys.dont_write_bytecode)"],
+                             env=env, capture_output=True, text=True, check=True).stdout.split()
+        seen["child"] = out
+        seen["mode"] = stat.S_IMODE(folder.stat().st_mode)
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(bootstrap, "setup", lambda job: Path(sys.executable))
+    monkeypatch.setattr(bootstrap, "run_job", run_job)
+    bootstrap.main(["test"])
+    folder = Path(seen["PYTHONPYCACHEPREFIX"])
+    assert "PYTHONDONTWRITEBYTECODE" not in seen, "the job's processes still may not write bytecode"
+    assert seen["child"] == [str(folder), "False"], f"a child process of the job sees {seen['child']}"
+    assert seen["mode"] == 0o700, f"the bytecode folder has mode {oct(seen['mode'])}, not 0o700"
+    assert ROOT.resolve() not in folder.resolve().parents, f"the bytecode folder {folder} is inside the checkout"
+    assert not folder.exists(), f"the bytecode folder {folder} is left behind after the job"
