@@ -136,6 +136,8 @@ def test_source_executes_with_every_test_passing(module):
 @instructor_only
 @pytest.mark.parametrize("module", MODULES, ids=ids)
 def test_release_exports_imports_and_fails_its_tests(module, tmp_path):
+    """The release holds no solution line, exports a package that imports, and both its graded cells and the
+    module's package tests fail on it: the tests can fail."""
     source = nbs.read(module.notebook)
     rel = nbs.release(source)
     text = "\n".join(c.source for c in rel.cells)
@@ -162,6 +164,16 @@ def test_release_exports_imports_and_fails_its_tests(module, tmp_path):
     passing = [c.label for c in report.tests if c.ok]
     assert not passing, f"these graded tests pass on the unfilled release, so they cannot fail: {passing}"
     assert any(c.status == "not_implemented" for c in report.tests)
+
+    # the package tests can fail too: on the same release (earlier modules solved, torch hidden as in a student
+    # edition), at a test of this module's own exercise that reports it unimplemented
+    from tests.support.mutation import run_module_tests
+
+    shutil.copytree(ROOT / "tests", edition / "tests", ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    run = run_module_tests(edition, module.number, hide_torch=True, extra_args=["-x"])
+    assert run.failed and "not implemented yet" in run.output, (
+        f"{module.slug}'s package tests do not fail on the unfilled release (or fail before reaching a stub): "
+        f"{run.passed} passed, {run.failed} failed, {run.errors} errors:\n{run.output[-3000:]}")
 
 
 @pytest.mark.slow

@@ -5,28 +5,23 @@
   3, `var_backward` dividing by N - 1): before the torch-free references, both passed there.
 - A catalogue of realistic one-line bugs of modules 06-09 (`tests/support/mutation.py`), each run
   against its module's package tests with torch hidden: every one must be caught.
-- Every module's package tests fail on the released stubs (the package with that module exported
-  from its release notebook, the earlier modules solved), as `tests/test_notebooks.py` proves for
-  the graded cells.
+- That every module's package tests fail on its released stubs is proven beside its graded cells, on
+  the same release, in `tests/test_notebooks.py` (`test_release_exports_imports_and_fails_its_tests`).
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.mutation import MUTATIONS, Mutation, copy_edition, mutated_edition, run_module_tests
-from tito import notebooks as nbs
-from tito.course import Settings, load_modules
+from tests.support.mutation import MUTATIONS, mutated_edition, run_module_tests
+from tito.course import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 IS_INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
 instructor_only = pytest.mark.skipif(not IS_INSTRUCTOR, reason="needs the instructor edition (solutions)")
-MODULES = load_modules(ROOT)
 
 GELU = next(m for m in MUTATIONS if m.function == "gelu_backward")
 VAR = next(m for m in MUTATIONS if m.function == "var_backward")
@@ -65,18 +60,18 @@ def test_module_06_without_torch_catches_a_wrong_rule(bug):
 
 @pytest.mark.slow
 @instructor_only
-def test_mutation_catalogue_is_caught_without_torch(capsys):
-    """Each realistic bug of 06-09 fails the package tests of its exercise (`--exercise`), torch hidden;
-    prints the catch rate."""
-    def run_one(bug: Mutation):
+@pytest.mark.parametrize("module", sorted({m.module for m in MUTATIONS}))
+def test_mutation_catalogue_is_caught_without_torch(module, capsys):
+    """Each realistic bug of the module's catalogue fails the package tests of its exercise (`--exercise`), torch
+    hidden; prints the catch rate. One test per module, so that the suite's workers share the catalogue."""
+    results = []
+    for bug in (m for m in MUTATIONS if m.module == module):
         with mutated_edition(ROOT, bug) as copy:
-            return bug, run_module_tests(copy, bug.module, hide_torch=True, extra_args=["-x"], exercise=bug.exercise)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run_one, MUTATIONS))
+            results.append((bug, run_module_tests(copy, bug.module, hide_torch=True, extra_args=["-x"],
+                                                  exercise=bug.exercise)))
     missed = [bug.name for bug, run in results if not run.caught]
     with capsys.disabled():
-        print(f"\nmutation catalogue (torch hidden, each bug against its exercise's tests): "
+        print(f"\nmodule {module}'s mutation catalogue (torch hidden, each bug against its exercise's tests): "
               f"{len(results) - len(missed)} of {len(results)} caught")
     assert not missed, f"these bugs pass their exercise's package tests without torch: {missed}"
 
@@ -95,35 +90,6 @@ def test_graded_cells_of_11_and_13_catch_each_bug(bug):
     failing = graded_cells_failing(ROOT, bug.module, bug)
     assert any(label.startswith(f"Exercise {bug.exercise}:") for label in failing), (
         f"{bug.name}: no graded cell of Exercise {bug.exercise} fails; failing graded cells: {failing}")
-
-
-def released_module(module, dest):
-    """A copy of the edition at `dest` whose package holds module `module`'s release (its solutions
-    stubbed, as a student receives it) and the solved prerequisites, as tests/test_notebooks.py builds it."""
-    copy_edition(ROOT, dest)
-    folder = dest / "modules" / module.slug
-    folder.mkdir(parents=True)
-    shutil.copy2(module.folder / "module.toml", folder / "module.toml")
-    nbs.write(nbs.release(nbs.read(module.notebook)), folder / module.notebook.name)
-    nbs.export(dest, folder / module.notebook.name)
-    return dest
-
-
-@pytest.mark.slow
-@instructor_only
-@pytest.mark.parametrize("chunk", [MODULES[i::3] for i in range(3)], ids=["chunk0", "chunk1", "chunk2"])
-def test_package_tests_fail_on_the_released_stubs(chunk, tmp_path):
-    """Each module's package tests fail on its released stubs (earlier modules solved), at a test of
-    that module's own exercise that reports it unimplemented: the tests can fail, as the graded cells can."""
-    passing = []
-    for m in chunk:
-        edition = released_module(m, tmp_path / m.slug)
-        assert "NotImplementedError" in m.package_file(edition).read_text(), f"{m.slug}: the release holds no stubs"
-        run = run_module_tests(edition, m.number, hide_torch=True, extra_args=["-x"])
-        if not (run.failed and "not implemented yet" in run.output):
-            passing.append(f"{m.slug}: {describe(run)}")
-    assert not passing, ("these modules' package tests do not fail on the unfilled release (or fail before reaching "
-                         "a stub):\n" + "\n".join(passing))
 
 
 # ---------------------------------------------------------------------------------------------
