@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -271,7 +270,11 @@ def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
     inbox = write_class(tmp_path / "lms", make_class(module, kinds))
     assert tito(course, "nbgrader", "collect", "01", str(inbox)).returncode == 0
 
-    env = dict(os.environ, PYTHONPATH=str(course), COLUMNS="250")
+    # the run's own temporary folder: another test grading a "stubborn" submission at the same time (the suite runs
+    # on two workers) must not be taken for this run's cue
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(course), COLUMNS="250", TMPDIR=str(scratch))
     proc = subprocess.Popen([sys.executable, "-m", "tito.main", "nbgrader", "autograde", "01"], cwd=course, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # one worker, sorted order: correct, partial and stub are graded, then the stubborn loop runs; stop during it
@@ -279,7 +282,7 @@ def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        if list(Path(tempfile.gettempdir()).glob("tito-stubborn-*")) and descendants(proc.pid):
+        if list(scratch.glob("tito-stubborn-*")) and descendants(proc.pid):
             break
     time.sleep(1)
     tree = descendants(proc.pid)
@@ -291,7 +294,7 @@ def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
     time.sleep(1.5)
     alive = [p for p in tree if Path(f"/proc/{p}").exists()]
     assert not alive, f"processes left running after the interrupt: {alive}"
-    assert not list(Path(tempfile.gettempdir()).glob("tito-stubborn-*")), "the killed worker's folder is left"
+    assert not list(scratch.glob("tito-stubborn-*")), "the killed worker's folder is left"
 
     res = results(course, module.slug)
     assert "correct" in res and "stubborn" not in res

@@ -29,7 +29,7 @@ import copy
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tests.support.models import mlp
@@ -340,6 +340,10 @@ def test_prune_neurons_keeps_the_rows_torch_ln_structured_keeps(n_in, n_hidden, 
     fc1, fc2 = Linear(n_in, n_hidden, rng=seed), Linear(n_hidden, n_out, rng=seed + 1)
     rng = np.random.default_rng(seed)
     fc1.weight.data[:] = distinct_weights((n_hidden, n_in), seed)
+    # distinct magnitudes can still give rows of equal norm ((8, 9) and (1, 12) on a grid of 18ths): which of two
+    # tied rows is kept is left open by the exercise, as by torch's topk, so such draws are not judged
+    sorted_norms = np.sort(np.linalg.norm(fc1.weight.data.astype(np.float64), axis=1))
+    assume(np.all(np.diff(sorted_norms) > 1e-4 * sorted_norms[-1]))
     fc1.bias.data[:] = rng.standard_normal(n_hidden)
     fc2.bias.data[:] = rng.standard_normal(n_out)
     new1, new2, keep = prune_neurons(fc1, fc2, n_keep)
