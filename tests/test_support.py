@@ -85,3 +85,50 @@ def test_the_table_is_complete_and_consistent():
     for op in OPS:
         assert op.exercise is None or op.exercise[0].startswith(op.module.lstrip("0") + "."), (
             f"{op.name}: exercise {op.exercise} does not belong to module {op.module}")
+
+
+def test_the_warm_pytest_runs_as_a_fresh_interpreter_would_and_stops_at_its_time_limit(tmp_path):
+    """tests/support/warm_pytest.py: each run is a fork of a process that imported pytest and hypothesis but not the
+    course: the copy's own `tinytorch` and `tests` are imported, with the run's folder, environment and path; a copy
+    that would test another package is refused; a run past its time limit is killed and the next run still works."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from tests.support.warm_pytest import WRONG_PACKAGE, WarmPytest
+
+    def edition(name: str, mark: str) -> Path:
+        root = tmp_path / name
+        (root / "tinytorch").mkdir(parents=True)
+        (root / "tinytorch" / "__init__.py").write_text(f"MARK = {mark!r}\n")
+        (root / "tests").mkdir()
+        (root / "tests" / "__init__.py").write_text("")
+        (root / "tests" / "test_it.py").write_text(
+            "import os, sys, time\nimport tinytorch, tests\n"
+            "def test_mark():\n"
+            "    assert tinytorch.MARK == os.environ['WANT'], tinytorch.MARK\n"
+            "    assert os.path.dirname(tests.__file__) == os.path.join(os.getcwd(), 'tests'), tests.__file__\n"
+            "    assert sys.path[0] in ('', os.getcwd()) or os.environ['PYTHONPATH'] in sys.path\n"
+            "def test_sleep():\n"
+            "    if os.environ.get('HANG'): time.sleep(600)\n")
+        return root
+
+    runner = WarmPytest()
+    try:
+        for name in ("one", "two"):
+            root = edition(name, name)
+            env = dict(os.environ, PYTHONPATH=str(root), WANT=name)
+            rc, out, err = runner.run(["-q", "-p", "no:xdist", "-p", "no:randomly", "tests/test_it.py"], root, env, 120)
+            assert rc == 0 and "2 passed" in out, (rc, out, err)
+        other = edition("three", "three")
+        rc, out, err = runner.run(["-q", "tests/test_it.py"], other, dict(os.environ, PYTHONPATH=str(root), WANT="x"), 120)
+        assert rc == WRONG_PACKAGE and "would test" in err, (rc, out, err)
+        started = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            runner.run(["-q", "-p", "no:xdist", "tests/test_it.py"], root, dict(env, HANG="1"), 5)
+        assert time.monotonic() - started < 60
+        rc, out, err = runner.run(["-q", "-p", "no:xdist", "-p", "no:randomly", "tests/test_it.py"], root, env, 120)
+        assert rc == 0 and "2 passed" in out, (rc, out, err)
+    finally:
+        runner.close()

@@ -22,12 +22,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from tests.support.warm_pytest import WRONG_PACKAGE, WarmPytest
 from pathlib import Path
 
 
@@ -145,7 +146,7 @@ def _count(text: str, word: str) -> int:
 
 def run_module_tests(edition: Path, module: str, hide_torch: bool = True, extra_args=(), timeout: float = 600,
                      env: dict | None = None, exercise: str = "", shrink: bool = False) -> TestRun:
-    """Run module `module`'s package tests against the edition at `edition` in a fresh interpreter.
+    """Run module `module`'s package tests against the edition at `edition`, as in a fresh interpreter.
 
     `hide_torch`: as in a student edition (`-p tests.support.no_torch`). `extra_args`: more pytest
     arguments (`-x` to stop at the first failure); `exercise`: only that exercise's tests
@@ -167,17 +168,29 @@ def run_module_tests(edition: Path, module: str, hide_torch: bool = True, extra_
     run_env["PYTHONPATH"] = os.pathsep.join([str(edition)] + [p for p in run_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     run_env.setdefault("OPENBLAS_NUM_THREADS", "1")
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
-    where = subprocess.run([sys.executable, "-c", "import tinytorch; print(tinytorch.__file__)"], cwd=edition,
-                           env=run_env, capture_output=True, text=True, timeout=timeout)
-    imported = Path(where.stdout.strip() or ".").resolve().parent
-    if imported != edition / "tinytorch":
-        raise RuntimeError(f"the copy under {edition} would test {imported}, not its own package: {where.stderr[-500:]}")
-    proc = subprocess.run(args, cwd=edition, env=run_env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    tail = out.strip().splitlines()[-1] if out.strip() else ""
+    # in a child of the warm pytest process (tests/support/warm_pytest.py), which checks that the copy's package is
+    # the one imported: as `python -m pytest` in a fresh interpreter, without importing pytest and hypothesis again
+    returncode, stdout, stderr = _warm().run(args[3:], edition, run_env, timeout)
+    if returncode == WRONG_PACKAGE:
+        raise RuntimeError(stderr[-500:])
+    out = stdout + stderr
+    tail = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     reasons = re.findall(r"^SKIPPED \[\d+\] (.+)$", out, flags=re.M)
-    return TestRun(proc.returncode, _count(tail, "passed"), _count(tail, "failed"), _count(tail, "skipped"),
+    return TestRun(returncode, _count(tail, "passed"), _count(tail, "failed"), _count(tail, "skipped"),
                    _count(tail, "error"), reasons, out)
+
+
+def _warm():
+    global _WARM
+    if _WARM is None:
+        import atexit
+
+        _WARM = WarmPytest()
+        atexit.register(_WARM.close)
+    return _WARM
+
+
+_WARM = None
 
 
 def graded_cells_failing(root: Path, module: str, m: Mutation, timeout: float = 120) -> list[str]:
