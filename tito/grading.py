@@ -43,6 +43,7 @@ import hashlib
 import html
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -62,7 +63,7 @@ from nbgrader.preprocessors import ClearHiddenTests, SaveAutoGrades
 
 from . import jobs
 from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
-from .integrity import restore_graded_cells
+from .integrity import Release, released, restore_graded_cells
 from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
 from .proc import kill_tree  # noqa: F401  (the one process-tree killer; tests import it from here)
 from .progress import atomic_write_text
@@ -537,6 +538,7 @@ class RunBook:
         self.release = _ReleaseCells(notebook)
         assignment = gb.find_assignment(module.slug)
         self.assignment_id, self.max_score = assignment.id, float(assignment.max_score)
+        self.one_notebook = len(assignment.notebooks) == 1  # `score` adds its grades up here
         self.subs: dict = {}  # student -> SubmittedAssignment
         self.notebooks: dict = {}  # student -> SubmittedNotebook
         self.grades: dict[str, dict] = {}  # student -> {grade id: Grade}
@@ -715,10 +717,18 @@ class RunBook:
                     grade.auto_score = 0
 
     def score(self, student: str) -> tuple[float, float]:
-        """nbgrader's score and maximum of the submission, as the gradebook computes them (with this run's writes)."""
+        """nbgrader's score and maximum of the submission, as the gradebook computes them (with this run's writes).
+
+        An assignment of one notebook (every tito module's) is scored from the submission's loaded grades, as
+        nbgrader's `SubmittedAssignment.score` sums them (`Grade.score`: the manual score when there is one, else the
+        automatic one, plus extra credit), without writing them first: a flush and a query per submission cost more
+        than its grades' share of the one flush each commit makes (`ResultsSaver`: every few seconds)."""
         from nbgrader.api import SubmittedAssignment
         from sqlalchemy import select
 
+        if self.one_notebook:
+            self._load(student)
+            return math.fsum(_grade_score(g) for g in self.grades[student].values()), self.max_score
         self.session.flush()
         score = self.session.execute(select(SubmittedAssignment.score).where(
             SubmittedAssignment.id == self.subs[student].id)).scalar_one()
@@ -726,6 +736,16 @@ class RunBook:
 
     def commit(self) -> None:
         self.session.commit()
+
+
+def _grade_score(grade) -> float:
+    """nbgrader's `Grade.score` (a SQL expression there) of a loaded grade."""
+    extra = grade.extra_credit if grade.extra_credit is not None else 0.0
+    if grade.manual_score is not None:
+        return float(grade.manual_score) + extra
+    if grade.auto_score is not None:
+        return float(grade.auto_score) + extra
+    return 0.0
 
 
 def _new_gradebook(settings: Settings):
@@ -1166,7 +1186,7 @@ def _read_timestamp(sub_dir: Path):
 
 def _repair_other_metadata(nb, release) -> list[str]:
     """Drop nbgrader metadata that is not the release's (a renamed or emptied solution cell's grade_id)."""
-    known = {nbgrader_meta(c).get("grade_id") for c in release.cells if nbgrader_meta(c)}
+    known = released(release).grade_ids
     problems = []
     for i, cell in enumerate(nb.cells):
         md = cell.get("metadata", {}).get("nbgrader")
@@ -1184,9 +1204,11 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
             plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True, *,
             book: "RunBook") -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co) on the run's
-    gradebook (`book`: its submission is opened there, usually with the run's others before any job started)."""
+    gradebook (`book`: its submission is opened there, usually with the run's others before any job started).
+    `release`: the release notebook, or its `integrity.Release` (a run computes it once for all its submissions)."""
     from nbgrader.preprocessors import ClearOutput, DeduplicateIds
 
+    release = released(release)
     sub_dir = settings.nbgrader_root / "submitted" / student / module.slug
     ts = book.opened(student, sub_dir)
     job = Job(student, _fingerprint(sub_dir, release_bytes, salt))
@@ -1936,7 +1958,7 @@ def _autograde(settings: Settings, module: Module, students: list[str] | None, f
                               f"(submitted: {', '.join(all_students[:10])}{'...' if len(all_students) > 10 else ''})")
     release_file = ensure_released(settings, module)
     release_bytes = release_file.read_bytes()
-    release = nbformat.reads(release_bytes.decode("utf-8"), as_version=4)
+    release = Release(nbformat.reads(release_bytes.decode("utf-8"), as_version=4))  # its side of the integrity check
     salt = _salt(g, module)
     results = load_results(settings, module)
     pruned = _prune(settings, module, results, all_students)
