@@ -215,10 +215,67 @@ def _disk_form(nb) -> dict:
     return top
 
 
+def _atom(v) -> str | None:
+    """The JSON text of a string, None, a bool or a number (as `_write_json` writes them); None for anything else."""
+    t = type(v)
+    if t is str:
+        return _encode_str(v)
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if t is int:
+        return int.__repr__(v)
+    if t is float:
+        return _float_text(v)
+    return None
+
+
 def _write_json(o, nl: str, put) -> None:
     """`json.dumps(o, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)` (with nbformat's bytes
-    as ASCII text), written part by part with `put`; `nl` is the newline and indent of `o`'s own line."""
-    if isinstance(o, str):
+    as ASCII text), written part by part with `put`; `nl` is the newline and indent of `o`'s own line. A container's
+    strings, numbers and constants are written in its own loop (most of a notebook's values), and a list of strings
+    (a cell's source or an output's text, split into lines) in one join."""
+    if isinstance(o, dict):
+        if not o:
+            put("{}")
+            return
+        inner = nl + " "
+        sep = "{" + inner
+        for k, v in sorted(o.items()):
+            if not isinstance(k, str):
+                raise _Unusual(k)
+            text = _atom(v)
+            if text is not None:
+                put(sep + _encode_str(k) + ": " + text)
+            else:
+                put(sep + _encode_str(k) + ": ")
+                _write_json(v, inner, put)
+            sep = "," + inner
+        put(nl + "}")
+    elif isinstance(o, (list, tuple)):
+        if not o:
+            put("[]")
+            return
+        inner = nl + " "
+        try:  # a list of strings (str subclasses write as str): one join
+            put("[" + inner + ("," + inner).join(map(_encode_str, o)) + nl + "]")
+            return
+        except TypeError:
+            pass
+        sep = "[" + inner
+        for v in o:
+            text = _atom(v)
+            if text is not None:
+                put(sep + text)
+            else:
+                put(sep)
+                _write_json(v, inner, put)
+            sep = "," + inner
+        put(nl + "]")
+    elif isinstance(o, str):
         put(_encode_str(o))
     elif o is None:
         put("null")
@@ -230,37 +287,6 @@ def _write_json(o, nl: str, put) -> None:
         put(int.__repr__(o))
     elif isinstance(o, float):
         put(_float_text(o))
-    elif isinstance(o, (list, tuple)):
-        if not o:
-            put("[]")
-            return
-        inner = nl + " "
-        if all(type(v) is str for v in o):  # a cell's source or an output's text, split into lines: one join
-            put("[" + inner + ("," + inner).join(map(_encode_str, o)) + nl + "]")
-            return
-        put("[")
-        first = True
-        for v in o:
-            put(inner if first else "," + inner)
-            first = False
-            _write_json(v, inner, put)
-        put(nl + "]")
-    elif isinstance(o, dict):
-        if not o:
-            put("{}")
-            return
-        inner = nl + " "
-        put("{")
-        first = True
-        for k, v in sorted(o.items()):
-            if not isinstance(k, str):
-                raise _Unusual(k)
-            put(inner if first else "," + inner)
-            first = False
-            put(_encode_str(k))
-            put(": ")
-            _write_json(v, inner, put)
-        put(nl + "}")
     elif isinstance(o, bytes):  # nbformat's BytesEncoder
         put(_encode_str(o.decode("ascii")))
     else:
