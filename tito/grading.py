@@ -37,6 +37,7 @@ import base64
 import contextlib
 import csv
 import copy
+import functools
 import datetime as dt
 import gc
 import hashlib
@@ -352,11 +353,21 @@ def check_cell_metadata(nb) -> None:
 def clear_hidden_tests(nb):
     """The hidden-test regions removed from the graded test cells only: a solution may contain the marker's
     text (in a comment or a string) without being mistaken for a test cell."""
-    pp = ClearHiddenTests(enforce_metadata=False)
-    for i, cell in enumerate(nb.cells):
-        if is_test_cell(cell) and BEGIN_HIDDEN in cell.get("source", ""):
-            pp.preprocess_cell(cell, {}, i)
+    for cell in nb.cells:
+        if is_test_cell(cell):
+            source = cell.get("source", "")
+            if BEGIN_HIDDEN in source:
+                cell.source = _without_hidden_tests(source)
     return nb
+
+
+@functools.lru_cache(maxsize=1024)
+def _without_hidden_tests(source: str) -> str:
+    """nbgrader's ClearHiddenTests on a test cell's source (its RuntimeError for a region that does not end, or
+    nests), by the source's text: a run's test cells are the release's, the same text in every submission."""
+    cell = nbformat.v4.new_code_cell(source)
+    ClearHiddenTests(enforce_metadata=False)._remove_hidden_test_region(cell)
+    return cell.source
 
 
 # ------------------------------------------------------------------ settings and nbgrader's config
@@ -574,6 +585,7 @@ class RunBook:
         self.errors: dict[str, Exception] = {}  # student -> why its submission could not be opened
         self.late = AssignLatePenalties()
         self.late.init_plugin()
+        self.preprocessors: dict = {}  # nbgrader preprocessor class -> the run's instance (`preprocessor`)
 
     # -------------------------------------------------- submissions
 
@@ -692,12 +704,20 @@ class RunBook:
 
     # -------------------------------------------------- preprocessing a submission
 
+    def preprocessor(self, cls):
+        """The run's one instance of nbgrader preprocessor `cls` (built with its defaults: traitlets makes each new one
+        in about 0.3 ms); this process uses it for one submission at a time."""
+        pp = self.preprocessors.get(cls)
+        if pp is None:
+            pp = self.preprocessors[cls] = cls()
+        return pp
+
     def overwrite_cells(self, nb, resources):
         """nbgrader's OverwriteCells (its own per-cell code), answered from the release's records."""
         from nbgrader.preprocessors import OverwriteCells
         from nbgrader.preprocessors.base import NbGraderPreprocessor
 
-        pp = OverwriteCells()
+        pp = self.preprocessor(OverwriteCells)
         pp.notebook_id = resources["nbgrader"]["notebook"]
         pp.assignment_id = resources["nbgrader"]["assignment"]
         pp.db_url = resources["nbgrader"]["db_url"]
@@ -721,7 +741,9 @@ class RunBook:
         """nbgrader's SaveAutoGrades (tito's verdict) and AssignLatePenalties on this submission's loaded records."""
         student = resources["nbgrader"]["student"]
         self._load(student)
-        TitoSaveAutoGrades(grades=self.grades[student], comments=self.comments[student]).preprocess(nb, resources)
+        save = self.preprocessor(TitoSaveAutoGrades)
+        save.given = (self.grades[student], self.comments[student])  # its records of this submission
+        save.preprocess(nb, resources)
         sub, notebook = self.subs[student], self.notebooks[student]
         notebook.late_submission_penalty = None  # AssignLatePenalties.preprocess (nbgrader 0.9): reset to None (zero)
         if sub.total_seconds_late > 0:
@@ -1267,7 +1289,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         job.log += [f"  - {p}" for p in details + other]
     resources = _resources(settings, module, student)
     try:
-        for pp in (ClearOutput(), DeduplicateIds()):
+        for pp in (book.preprocessor(ClearOutput), book.preprocessor(DeduplicateIds)):
             nb, resources = pp.preprocess(nb, resources)
         book.overwrite_kernelspec(nb)  # nbgrader's OverwriteKernelspec and OverwriteCells, on the run's records
         nb, resources = book.overwrite_cells(nb, resources)
@@ -1431,20 +1453,21 @@ def restore_trusted_cells(nb, prepared) -> None:
             a.get("cell_type") != b.get("cell_type") for a, b in zip(nb.cells, prepared.cells)):
         check_cell_metadata(nb)
         return
+    put = dict.__setitem__  # the prepared notebook's values are NotebookNodes already: not converted again
     for cell, trusted in zip(nb.cells, prepared.cells):  # shared, not copied: the prepared notebook is not used again
-        cell["metadata"] = trusted.get("metadata", {})
-        cell["source"] = trusted.get("source", "")
+        put(cell, "metadata", trusted.get("metadata") or nbformat.NotebookNode())
+        put(cell, "source", trusted.get("source", ""))
         if "id" in trusted:
-            cell["id"] = trusted["id"]
+            put(cell, "id", trusted["id"])
 
 
 def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None, *,
-           book: "RunBook") -> Outcome:
+           book: "RunBook", g: GradingSettings | None = None) -> Outcome:
     """Score an executed notebook into the gradebook (`book`: the run's, committed with the results file) and write
-    it to autograded/ (nbgrader's second half)."""
+    it to autograded/ (nbgrader's second half). `g`: the run's settings (read from `settings` when not given)."""
     from nbgrader.preprocessors import LimitOutput
 
-    g = GradingSettings.load(settings)
+    g = GradingSettings.load(settings) if g is None else g
     nb = read_notebook_text(result["notebook"])
     restore_trusted_cells(nb, job.notebook)
     bound_outputs(nb, g.output_limit + 1000, g.notebook_output_limit + 10_000)
@@ -1469,7 +1492,7 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
         trusted_log = [f"trusted checks (seed {plan.seed}; each exercise's probe of your exported code against "
                        "the reference, in a sandbox of its own):", *trusted_summary(verdicts),
                        *(checked.notes if checked is not None else []), *trusted_log]
-    nb, resources = LimitOutput().preprocess(nb, resources)
+    nb, resources = book.preprocessor(LimitOutput).preprocess(nb, resources)
     book.save_grades(nb, resources)  # nbgrader's SaveAutoGrades and AssignLatePenalties
     if status != GRADED:
         book.flag(job.student, job.review_ids if status == REVIEW else None, zero=False)
@@ -2059,7 +2082,7 @@ def _autograde(settings: Settings, module: Module, students: list[str] | None, f
                 outcome = fail(settings, module, d.job, d.why, status=TIMED_OUT if d.killed else FAILED, book=book)
             else:
                 try:
-                    outcome = finish(settings, module, d.job, d.result, plan, d.checked, book=book)
+                    outcome = finish(settings, module, d.job, d.result, plan, d.checked, book=book, g=g)
                 except Exception as e:  # a damaged executed notebook: this student fails, the others go on
                     outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}", book=book)
             outcome.node = d.node
