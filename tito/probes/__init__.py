@@ -598,28 +598,41 @@ def exported_source(nb) -> tuple[str, list[str]]:
             continue
         src = cell.get("source", "")
         solution = bool((cell.get("metadata", {}).get("nbgrader") or {}).get("solution"))
-        if not re.search(r"^#\|\s*export\s*$", src, re.M):
-            if solution:
-                try:
-                    defs = _definitions(src)
-                except SyntaxError as e:
-                    skipped.append(f"cell {i + 1}: {type(e).__name__} on line {e.lineno}: {e.msg}")
-                    continue
-                if defs:
-                    parts.append(f"# cell {i + 1} (not exported: its definitions)\n{defs}\n")
-            continue
-        body = "\n".join(ln for ln in src.splitlines() if not ln.startswith("#|"))
-        kept = []
-        for ln in body.splitlines():
-            (future if ln.startswith("from __future__ import") else kept).append(ln)
-        body = "\n".join(kept)
-        error = _syntax_error(body)
-        if error is not None:
-            skipped.append(f"cell {i + 1}: {error[0]} on line {error[1]}: {error[2]}")
-            continue
-        parts.append(f"# cell {i + 1}\n{body}\n")
+        kind, text, cell_future = _exported_cell(src, solution)
+        future += cell_future
+        if kind == "skipped":
+            skipped.append(f"cell {i + 1}: {text}")
+        elif kind == "definitions":
+            parts.append(f"# cell {i + 1} (not exported: its definitions)\n{text}\n")
+        elif kind == "exported":
+            parts.append(f"# cell {i + 1}\n{text}\n")
     head = "\n".join(dict.fromkeys(future))
     return (head + "\n\n" if head else "") + "\n".join(parts), skipped
+
+
+@functools.lru_cache(maxsize=4096)
+def _exported_cell(src: str, solution: bool) -> tuple[str, str, tuple[str, ...]]:
+    """What `exported_source` takes from one code cell: ("exported", its code without `#|` lines and `from __future__`
+    imports, those imports), ("definitions", a solution cell's definitions, ()), ("skipped", why, ...) or ("", "", ()).
+    Cached by the cell's text: most cells are the course's given code, the same in every submission of a run."""
+    if not re.search(r"^#\|\s*export\s*$", src, re.M):
+        if solution:
+            try:
+                defs = _definitions(src)
+            except SyntaxError as e:
+                return "skipped", f"{type(e).__name__} on line {e.lineno}: {e.msg}", ()
+            if defs:
+                return "definitions", defs, ()
+        return "", "", ()
+    body = "\n".join(ln for ln in src.splitlines() if not ln.startswith("#|"))
+    future, kept = [], []
+    for ln in body.splitlines():
+        (future if ln.startswith("from __future__ import") else kept).append(ln)
+    body = "\n".join(kept)
+    error = _syntax_error(body)
+    if error is not None:
+        return "skipped", f"{error[0]} on line {error[1]}: {error[2]}", tuple(future)
+    return "exported", body, tuple(future)
 
 
 def b64(data: bytes) -> str:
