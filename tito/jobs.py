@@ -301,15 +301,20 @@ class Session:
     def send(self, msg: dict, deadline: float) -> None:
         self.send_bytes((json.dumps(msg, separators=(",", ":")) + "\n").encode(), deadline)
 
-    def send_bytes(self, data: bytes, deadline: float) -> None:
-        """One message already encoded (a line)."""
-        view = memoryview(data)
-        while view:
+    def send_bytes(self, data: bytes | list[bytes], deadline: float) -> None:
+        """One message already encoded (a line), or its parts in order (written together: `os.writev`)."""
+        views = [memoryview(d) for d in ([data] if isinstance(data, (bytes, bytearray)) else data) if len(d)]
+        while views:
             left = deadline - self.clock()
             if left <= 0:
                 raise Ended("timeout")
             try:  # a pipe with room takes it at once (the fd is non-blocking): a select only when it is full
-                view = view[os.write(self.wfd, view):]
+                n = os.writev(self.wfd, views[:64])
+                while n:
+                    if n >= len(views[0]):
+                        n -= len(views.pop(0))
+                    else:
+                        views[0], n = views[0][n:], 0
                 continue
             except BlockingIOError:
                 pass
@@ -320,8 +325,7 @@ class Session:
     def send_job(self, kind: str, payload: dict, deadline: float) -> None:
         assert kind in KINDS, kind
         head, tail = job_frame(kind)
-        for part in (head, *payload_parts(payload), tail):  # one line, written in parts
-            self.send_bytes(part, deadline)
+        self.send_bytes([head, *payload_parts(payload), tail], deadline)  # one line, its parts never joined
 
     def close(self, kill: Callable[[subprocess.Popen], None]) -> None:
         """Reap the process (killing its tree with `kill` if it does not end within 5 s) and close the pipes."""
