@@ -758,6 +758,125 @@ def test_the_kernels_package_from_the_imports_cache_is_the_one_parsed_and_a_chan
     assert package_files(ROOT, MODULES["03"], cache=cache) == package_files(ROOT, MODULES["03"])
 
 
+def test_the_packages_bytecode_from_its_cache_is_the_one_compiled_and_a_changed_source_is_compiled_again(tmp_path):
+    """`package_bytecode(..., cache=)` keeps each file's bytecode by this Python's version, the file's path and its
+    content: the same bytecode as compiling it, read back from the cache, and a source whose content changed is
+    compiled again (the cache's entry for the old content is not believed for the new)."""
+    import base64
+    from importlib.util import cache_from_source
+
+    from tito.grading import package_bytecode
+
+    pkg = tmp_path / "root" / "tinytorch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("X = 1\n")
+    sources, cache = [pkg / "__init__.py", pkg / "a.py"], tmp_path / "cache"
+    want = package_bytecode(tmp_path / "root", sources)
+    assert package_bytecode(tmp_path / "root", sources, cache) == want  # compiled, and kept
+    kept = sorted((cache / "bytecode").iterdir())
+    assert len(kept) == 2
+    for f in kept:  # the cache is what a second run reads: plant a lie in it
+        f.write_bytes(f.read_bytes() + b"lie")
+    rel = cache_from_source("tinytorch/a.py")
+    assert base64.b64decode(package_bytecode(tmp_path / "root", sources, cache)[rel]).endswith(b"lie")
+    (pkg / "a.py").write_text("X = 2\n")  # a new content: compiled again, whatever the cache holds
+    again = package_bytecode(tmp_path / "root", sources, cache)
+    assert again[rel] == package_bytecode(tmp_path / "root", sources)[rel] != want[rel]
+
+
+def test_the_release_side_of_the_integrity_check_is_computed_once_and_a_changed_release_is_compared_anew():
+    """`integrity.Release` (what a run computes once from its release notebook) finds what comparing with the release
+    notebook itself finds, for every module, and the run reads its release again: an edited release is a new one."""
+    import copy
+
+    from tito.integrity import Release, compare_graded_cells
+
+    for m in MODULES.values():
+        release = nbs.read(m.notebook)
+        tests = [c for c in release.cells if nbs.is_test_cell(c)]
+        if len(tests) < 2:
+            continue
+        once = Release(release)
+        worked = copy.deepcopy(release)
+        assert compare_graded_cells(worked, once) == compare_graded_cells(worked, release) == [], m.slug
+        mine = [c for c in worked.cells if nbs.is_test_cell(c)]
+        mine[0].source += "\nassert True  # edited"
+        mine[1].metadata.nbgrader["points"] = 99
+        del worked.cells[worked.cells.index(mine[-1])]
+        assert compare_graded_cells(worked, once) == compare_graded_cells(worked, release), m.slug
+        assert {p.kind for p in compare_graded_cells(worked, once)} == {"changed", "metadata", "missing"}, m.slug
+    edited = copy.deepcopy(release)  # the instructor changes a test cell and releases again
+    first = next(c for c in edited.cells if nbs.is_test_cell(c))
+    first.source += "\nassert 1 == 1"
+    student = copy.deepcopy(release)  # handed in from the first release
+    assert compare_graded_cells(student, Release(release)) == []
+    assert [p.kind for p in compare_graded_cells(student, Release(edited))] == ["changed"]
+
+
+def test_the_cached_exports_and_hidden_test_removal_follow_the_cells_text():
+    """A run exports each distinct cell once (`probes.exported_source`) and clears each test cell's hidden tests once
+    (`grading.clear_hidden_tests`), both by the cell's text: a changed cell is exported and cleared anew, and a cell
+    whose hidden region never ends is an error every time (errors are not kept)."""
+    from tito import probes as P
+    from tito.grading import clear_hidden_tests
+
+    nb = nbs.read(MODULES["06"].notebook)
+    text, skipped = P.exported_source(nb)
+    assert P.exported_source(nb) == (text, skipped) and not skipped
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "#| export" in c.source and "def " in c.source)
+    cell.source += "\nEDITED_FOR_THE_TEST = 1\n"
+    assert "EDITED_FOR_THE_TEST = 1" in P.exported_source(nb)[0]
+    cell.source += "\ndef broken(:\n"
+    again, skipped = P.exported_source(nb)
+    assert "EDITED_FOR_THE_TEST" not in again and len(skipped) == 1, skipped
+
+    test = nbformat.v4.new_code_cell("x = 1\n### BEGIN HIDDEN TESTS\nassert x == 1\n### END HIDDEN TESTS\ny = 2",
+                                     metadata={"nbgrader": {"grade": True, "grade_id": "t", "points": 1,
+                                                            "solution": False, "locked": True, "schema_version": 3}})
+    book = nbformat.v4.new_notebook(cells=[test])
+    assert clear_hidden_tests(copy_of(book)).cells[0].source == "x = 1\ny = 2"
+    assert clear_hidden_tests(copy_of(book)).cells[0].source == "x = 1\ny = 2"
+    other = copy_of(book)
+    other.cells[0].source = other.cells[0].source.replace("y = 2", "z = 3")
+    assert clear_hidden_tests(other).cells[0].source == "x = 1\nz = 3"
+    broken = copy_of(book)
+    broken.cells[0].source = "### BEGIN HIDDEN TESTS\nassert False"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="No end hidden tests"):
+            clear_hidden_tests(copy_of(broken))
+
+
+def test_module_06s_reference_gradients_are_summed_once_per_record_and_a_new_reference_is_summed_anew():
+    """The rules' check sums the reference's gradients once per reference record (`_summed_reference`, kept with the
+    record itself): the same verdicts as summing them each time, and another run's reference (new records, other
+    values) is summed anew even where an old record's id could be reused."""
+    import numpy as np
+
+    from tito.probes import Arr, Seq
+    from tito.probes import m06
+
+    def record(grad):
+        return {"add": Seq("list", [Arr(np.asarray(grad, dtype=np.float64), "ndarray"),
+                                    Seq("list", [Seq("list", [3])])])}
+
+    mine = record(np.ones((2, 3)))  # a rule that left broadcasting to the traversal: summed to (3,) before comparing
+    assert m06._rules_check(mine, record([2.0, 2.0, 2.0])) == ""
+    old = record([2.0, 2.0, 2.0])
+    assert m06._rules_check(mine, old) == ""  # its sums kept
+    other = record([1.0, 2.0, 2.0])  # a new run's reference, at an id the cache holds another record's sums for
+    m06._REFERENCE_SUMMED[id(other["add"])] = m06._REFERENCE_SUMMED[id(old["add"])]
+    why = m06._rules_check(mine, other)
+    assert "1 of 3 values differ" in why, why  # summed anew: an entry for another record is not believed
+    assert m06._rules_check(mine, old) == ""
+
+
+def copy_of(nb):
+    import copy
+
+    return copy.deepcopy(nb)
+
+
 def test_measurement_cells_are_skipped_when_grading_never_graded_ones():
     """Cells after the last graded test and cells tagged `tito:skip-when-grading` (or showing `# tito: skip when
     grading`) are not run by the grading worker; a graded or solution cell is run whatever it says."""

@@ -124,3 +124,59 @@ def test_a_failed_submission_is_flagged_as_before(course):  # noqa: F811
     assert all(g[1] == 0 and g[3] for g in a["grades"]), a
     assert dict((g[0], g[3]) for g in b["grades"])[names[0]] and all(g[1] is None for g in b["grades"]), b
     assert a["score"] == 0 and a["max_score"] > 0
+
+
+def _score_into(book, settings, module, student, release):
+    resources = grading._resources(settings, module, student)
+    nb = _submission(release, False)
+    book.overwrite_kernelspec(nb)
+    nb, resources = book.overwrite_cells(nb, resources)
+    book.save_grades(_executed(nb), resources)
+    return book.score(student)
+
+
+def test_scores_are_committed_with_the_results_file_and_a_killed_runs_others_are_graded_again(course):  # noqa: F811
+    """A run's gradebook writes are batched: the results saver commits them before each write of the results file
+    (every few seconds, and at the end). Killed between two writes (SIGKILL: no flush), the gradebook holds the scores
+    of the results on disk and nothing of the others, which the next run grades again; a submission's score is what
+    the gradebook says it is, a person's manual score and extra credit included."""
+    import json
+
+    settings = Settings.load(course)
+    module = get_module(course, "01")
+    release = nbs.read(grading.generate(settings, module))
+    now = [0.0]
+    results: dict = {}
+    with grading._new_gradebook(settings) as gb:
+        book = grading.RunBook(gb, module)
+        assert book.open_submissions({"a": None, "b": None}) == {}
+        saver = grading.ResultsSaver(settings, module, results, every_s=10.0, clock=lambda: now[0], commit=book.commit)
+        for student in ("a", "b"):
+            score, top = _score_into(book, settings, module, student, release)
+            results[student] = grading.Outcome(student, score, top)
+            saver.changed()  # a: written (the first result) and committed; b: held, 1 s later
+            now[0] += 1.0
+        # killed here: neither saver.flush nor a commit (closing the gradebook drops what was not committed)
+    on_disk = json.loads(grading.results_path(settings, module).read_text())["students"]
+    assert sorted(on_disk) == ["a"]
+    a, b = _record(settings, module, "a"), _record(settings, module, "b")
+    assert a["score"] == on_disk["a"]["score"] > 0 and all(g[1] is not None for g in a["grades"]), a
+    assert b["score"] == 0 and all(g[1] is None for g in b["grades"]), b
+
+    with grading._new_gradebook(settings) as gb:  # the next run grades b again
+        book = grading.RunBook(gb, module)
+        assert book.open_submissions({"b": None}) == {}
+        score = _score_into(book, settings, module, "b", release)
+        book.commit()
+    assert score == (_record(settings, module, "b")["score"], _record(settings, module, "b")["max_score"]) == \
+        (a["score"], a["max_score"])
+
+    with grading._new_gradebook(settings) as gb:  # a person grades one cell by hand, with extra credit
+        grade = gb.find_submission_notebook(module.notebook.stem, module.slug, "a").grades[0]
+        grade.manual_score, grade.extra_credit = 0.5, 1.25
+        gb.db.commit()
+    with grading._new_gradebook(settings) as gb:
+        book = grading.RunBook(gb, module)
+        assert book.open_submissions({"a": None}) == {}
+        assert book.score("a") == (_record(settings, module, "a")["score"], a["max_score"])
+        assert book.score("a")[0] != a["score"]

@@ -37,12 +37,14 @@ import base64
 import contextlib
 import csv
 import copy
+import functools
 import datetime as dt
 import gc
 import hashlib
 import html
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -62,7 +64,7 @@ from nbgrader.preprocessors import ClearHiddenTests, SaveAutoGrades
 
 from . import jobs
 from .course import CODE_STUB, CourseError, Module, Settings, edition_env, load_modules
-from .integrity import restore_graded_cells
+from .integrity import Release, released, restore_graded_cells
 from .notebooks import ANSI_RE, BEGIN_HIDDEN, END_HIDDEN, exercise_label, is_test_cell, nbgrader_meta
 from .proc import kill_tree  # noqa: F401  (the one process-tree killer; tests import it from here)
 from .progress import atomic_write_text
@@ -214,10 +216,67 @@ def _disk_form(nb) -> dict:
     return top
 
 
+def _atom(v) -> str | None:
+    """The JSON text of a string, None, a bool or a number (as `_write_json` writes them); None for anything else."""
+    t = type(v)
+    if t is str:
+        return _encode_str(v)
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if t is int:
+        return int.__repr__(v)
+    if t is float:
+        return _float_text(v)
+    return None
+
+
 def _write_json(o, nl: str, put) -> None:
     """`json.dumps(o, indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)` (with nbformat's bytes
-    as ASCII text), written part by part with `put`; `nl` is the newline and indent of `o`'s own line."""
-    if isinstance(o, str):
+    as ASCII text), written part by part with `put`; `nl` is the newline and indent of `o`'s own line. A container's
+    strings, numbers and constants are written in its own loop (most of a notebook's values), and a list of strings
+    (a cell's source or an output's text, split into lines) in one join."""
+    if isinstance(o, dict):
+        if not o:
+            put("{}")
+            return
+        inner = nl + " "
+        sep = "{" + inner
+        for k, v in sorted(o.items()):
+            if not isinstance(k, str):
+                raise _Unusual(k)
+            text = _atom(v)
+            if text is not None:
+                put(sep + _encode_str(k) + ": " + text)
+            else:
+                put(sep + _encode_str(k) + ": ")
+                _write_json(v, inner, put)
+            sep = "," + inner
+        put(nl + "}")
+    elif isinstance(o, (list, tuple)):
+        if not o:
+            put("[]")
+            return
+        inner = nl + " "
+        try:  # a list of strings (str subclasses write as str): one join
+            put("[" + inner + ("," + inner).join(map(_encode_str, o)) + nl + "]")
+            return
+        except TypeError:
+            pass
+        sep = "[" + inner
+        for v in o:
+            text = _atom(v)
+            if text is not None:
+                put(sep + text)
+            else:
+                put(sep)
+                _write_json(v, inner, put)
+            sep = "," + inner
+        put(nl + "]")
+    elif isinstance(o, str):
         put(_encode_str(o))
     elif o is None:
         put("null")
@@ -229,37 +288,6 @@ def _write_json(o, nl: str, put) -> None:
         put(int.__repr__(o))
     elif isinstance(o, float):
         put(_float_text(o))
-    elif isinstance(o, (list, tuple)):
-        if not o:
-            put("[]")
-            return
-        inner = nl + " "
-        if all(type(v) is str for v in o):  # a cell's source or an output's text, split into lines: one join
-            put("[" + inner + ("," + inner).join(map(_encode_str, o)) + nl + "]")
-            return
-        put("[")
-        first = True
-        for v in o:
-            put(inner if first else "," + inner)
-            first = False
-            _write_json(v, inner, put)
-        put(nl + "]")
-    elif isinstance(o, dict):
-        if not o:
-            put("{}")
-            return
-        inner = nl + " "
-        put("{")
-        first = True
-        for k, v in sorted(o.items()):
-            if not isinstance(k, str):
-                raise _Unusual(k)
-            put(inner if first else "," + inner)
-            first = False
-            put(_encode_str(k))
-            put(": ")
-            _write_json(v, inner, put)
-        put(nl + "}")
     elif isinstance(o, bytes):  # nbformat's BytesEncoder
         put(_encode_str(o.decode("ascii")))
     else:
@@ -325,11 +353,21 @@ def check_cell_metadata(nb) -> None:
 def clear_hidden_tests(nb):
     """The hidden-test regions removed from the graded test cells only: a solution may contain the marker's
     text (in a comment or a string) without being mistaken for a test cell."""
-    pp = ClearHiddenTests(enforce_metadata=False)
-    for i, cell in enumerate(nb.cells):
-        if is_test_cell(cell) and BEGIN_HIDDEN in cell.get("source", ""):
-            pp.preprocess_cell(cell, {}, i)
+    for cell in nb.cells:
+        if is_test_cell(cell):
+            source = cell.get("source", "")
+            if BEGIN_HIDDEN in source:
+                cell.source = _without_hidden_tests(source)
     return nb
+
+
+@functools.lru_cache(maxsize=1024)
+def _without_hidden_tests(source: str) -> str:
+    """nbgrader's ClearHiddenTests on a test cell's source (its RuntimeError for a region that does not end, or
+    nests), by the source's text: a run's test cells are the release's, the same text in every submission."""
+    cell = nbformat.v4.new_code_cell(source)
+    ClearHiddenTests(enforce_metadata=False)._remove_hidden_test_region(cell)
+    return cell.source
 
 
 # ------------------------------------------------------------------ settings and nbgrader's config
@@ -537,6 +575,7 @@ class RunBook:
         self.release = _ReleaseCells(notebook)
         assignment = gb.find_assignment(module.slug)
         self.assignment_id, self.max_score = assignment.id, float(assignment.max_score)
+        self.one_notebook = len(assignment.notebooks) == 1  # `score` adds its grades up here
         self.subs: dict = {}  # student -> SubmittedAssignment
         self.notebooks: dict = {}  # student -> SubmittedNotebook
         self.grades: dict[str, dict] = {}  # student -> {grade id: Grade}
@@ -546,6 +585,7 @@ class RunBook:
         self.errors: dict[str, Exception] = {}  # student -> why its submission could not be opened
         self.late = AssignLatePenalties()
         self.late.init_plugin()
+        self.preprocessors: dict = {}  # nbgrader preprocessor class -> the run's instance (`preprocessor`)
 
     # -------------------------------------------------- submissions
 
@@ -664,12 +704,20 @@ class RunBook:
 
     # -------------------------------------------------- preprocessing a submission
 
+    def preprocessor(self, cls):
+        """The run's one instance of nbgrader preprocessor `cls` (built with its defaults: traitlets makes each new one
+        in about 0.3 ms); this process uses it for one submission at a time."""
+        pp = self.preprocessors.get(cls)
+        if pp is None:
+            pp = self.preprocessors[cls] = cls()
+        return pp
+
     def overwrite_cells(self, nb, resources):
         """nbgrader's OverwriteCells (its own per-cell code), answered from the release's records."""
         from nbgrader.preprocessors import OverwriteCells
         from nbgrader.preprocessors.base import NbGraderPreprocessor
 
-        pp = OverwriteCells()
+        pp = self.preprocessor(OverwriteCells)
         pp.notebook_id = resources["nbgrader"]["notebook"]
         pp.assignment_id = resources["nbgrader"]["assignment"]
         pp.db_url = resources["nbgrader"]["db_url"]
@@ -693,7 +741,9 @@ class RunBook:
         """nbgrader's SaveAutoGrades (tito's verdict) and AssignLatePenalties on this submission's loaded records."""
         student = resources["nbgrader"]["student"]
         self._load(student)
-        TitoSaveAutoGrades(grades=self.grades[student], comments=self.comments[student]).preprocess(nb, resources)
+        save = self.preprocessor(TitoSaveAutoGrades)
+        save.given = (self.grades[student], self.comments[student])  # its records of this submission
+        save.preprocess(nb, resources)
         sub, notebook = self.subs[student], self.notebooks[student]
         notebook.late_submission_penalty = None  # AssignLatePenalties.preprocess (nbgrader 0.9): reset to None (zero)
         if sub.total_seconds_late > 0:
@@ -715,10 +765,18 @@ class RunBook:
                     grade.auto_score = 0
 
     def score(self, student: str) -> tuple[float, float]:
-        """nbgrader's score and maximum of the submission, as the gradebook computes them (with this run's writes)."""
+        """nbgrader's score and maximum of the submission, as the gradebook computes them (with this run's writes).
+
+        An assignment of one notebook (every tito module's) is scored from the submission's loaded grades, as
+        nbgrader's `SubmittedAssignment.score` sums them (`Grade.score`: the manual score when there is one, else the
+        automatic one, plus extra credit), without writing them first: a flush and a query per submission cost more
+        than its grades' share of the one flush each commit makes (`ResultsSaver`: every few seconds)."""
         from nbgrader.api import SubmittedAssignment
         from sqlalchemy import select
 
+        if self.one_notebook:
+            self._load(student)
+            return math.fsum(_grade_score(g) for g in self.grades[student].values()), self.max_score
         self.session.flush()
         score = self.session.execute(select(SubmittedAssignment.score).where(
             SubmittedAssignment.id == self.subs[student].id)).scalar_one()
@@ -726,6 +784,16 @@ class RunBook:
 
     def commit(self) -> None:
         self.session.commit()
+
+
+def _grade_score(grade) -> float:
+    """nbgrader's `Grade.score` (a SQL expression there) of a loaded grade."""
+    extra = grade.extra_credit if grade.extra_credit is not None else 0.0
+    if grade.manual_score is not None:
+        return float(grade.manual_score) + extra
+    if grade.auto_score is not None:
+        return float(grade.auto_score) + extra
+    return 0.0
 
 
 def _new_gradebook(settings: Settings):
@@ -1166,7 +1234,7 @@ def _read_timestamp(sub_dir: Path):
 
 def _repair_other_metadata(nb, release) -> list[str]:
     """Drop nbgrader metadata that is not the release's (a renamed or emptied solution cell's grade_id)."""
-    known = {nbgrader_meta(c).get("grade_id") for c in release.cells if nbgrader_meta(c)}
+    known = released(release).grade_ids
     problems = []
     for i, cell in enumerate(nb.cells):
         md = cell.get("metadata", {}).get("nbgrader")
@@ -1184,9 +1252,11 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
             plan=None, prerequisites: dict[str, str] | None = None, skip_cells: bool = True, *,
             book: "RunBook") -> Job:
     """Read, check against the release, and sanitize one submission (nbgrader's OverwriteCells & co) on the run's
-    gradebook (`book`: its submission is opened there, usually with the run's others before any job started)."""
+    gradebook (`book`: its submission is opened there, usually with the run's others before any job started).
+    `release`: the release notebook, or its `integrity.Release` (a run computes it once for all its submissions)."""
     from nbgrader.preprocessors import ClearOutput, DeduplicateIds
 
+    release = released(release)
     sub_dir = settings.nbgrader_root / "submitted" / student / module.slug
     ts = book.opened(student, sub_dir)
     job = Job(student, _fingerprint(sub_dir, release_bytes, salt))
@@ -1219,7 +1289,7 @@ def prepare(settings: Settings, module: Module, student: str, release, release_b
         job.log += [f"  - {p}" for p in details + other]
     resources = _resources(settings, module, student)
     try:
-        for pp in (ClearOutput(), DeduplicateIds()):
+        for pp in (book.preprocessor(ClearOutput), book.preprocessor(DeduplicateIds)):
             nb, resources = pp.preprocess(nb, resources)
         book.overwrite_kernelspec(nb)  # nbgrader's OverwriteKernelspec and OverwriteCells, on the run's records
         nb, resources = book.overwrite_cells(nb, resources)
@@ -1383,20 +1453,21 @@ def restore_trusted_cells(nb, prepared) -> None:
             a.get("cell_type") != b.get("cell_type") for a, b in zip(nb.cells, prepared.cells)):
         check_cell_metadata(nb)
         return
+    put = dict.__setitem__  # the prepared notebook's values are NotebookNodes already: not converted again
     for cell, trusted in zip(nb.cells, prepared.cells):  # shared, not copied: the prepared notebook is not used again
-        cell["metadata"] = trusted.get("metadata", {})
-        cell["source"] = trusted.get("source", "")
+        put(cell, "metadata", trusted.get("metadata") or nbformat.NotebookNode())
+        put(cell, "source", trusted.get("source", ""))
         if "id" in trusted:
-            cell["id"] = trusted["id"]
+            put(cell, "id", trusted["id"])
 
 
 def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None, checked=None, *,
-           book: "RunBook") -> Outcome:
+           book: "RunBook", g: GradingSettings | None = None) -> Outcome:
     """Score an executed notebook into the gradebook (`book`: the run's, committed with the results file) and write
-    it to autograded/ (nbgrader's second half)."""
+    it to autograded/ (nbgrader's second half). `g`: the run's settings (read from `settings` when not given)."""
     from nbgrader.preprocessors import LimitOutput
 
-    g = GradingSettings.load(settings)
+    g = GradingSettings.load(settings) if g is None else g
     nb = read_notebook_text(result["notebook"])
     restore_trusted_cells(nb, job.notebook)
     bound_outputs(nb, g.output_limit + 1000, g.notebook_output_limit + 10_000)
@@ -1421,7 +1492,7 @@ def finish(settings: Settings, module: Module, job: Job, result: dict, plan=None
         trusted_log = [f"trusted checks (seed {plan.seed}; each exercise's probe of your exported code against "
                        "the reference, in a sandbox of its own):", *trusted_summary(verdicts),
                        *(checked.notes if checked is not None else []), *trusted_log]
-    nb, resources = LimitOutput().preprocess(nb, resources)
+    nb, resources = book.preprocessor(LimitOutput).preprocess(nb, resources)
     book.save_grades(nb, resources)  # nbgrader's SaveAutoGrades and AssignLatePenalties
     if status != GRADED:
         book.flag(job.student, job.review_ids if status == REVIEW else None, zero=False)
@@ -1484,15 +1555,20 @@ def package_files(root: Path, module: Module, cache: Path | None = None) -> dict
                 kept.remove(p)
                 changed = True
     files = {str(p.relative_to(root)): base64.b64encode(data[p]).decode() for p in kept}
-    files.update(package_bytecode(root, [p for p in kept if p.suffix == ".py"]))
+    files.update(package_bytecode(root, [p for p in kept if p.suffix == ".py"], cache))
     return files
 
 
-def package_bytecode(root: Path, sources: list[Path]) -> dict[str, str]:
+def package_bytecode(root: Path, sources: list[Path], cache: Path | None = None) -> dict[str, str]:
     """The bytecode of package files (`__pycache__/NAME.cpython-3XY.pyc` beside each, base64 by path), compiled once
-    per run and checked against its source's hash when imported: every submission's kernel and probe process import
+    and checked against its source's hash when imported: every submission's kernel and probe process import
     the package without compiling it (module 06's: about 0.1 s of CPU per submission). An interpreter of another
-    version looks for another file name and compiles the source, as it would have."""
+    version looks for another file name and compiles the source, as it would have.
+
+    `cache`: a folder only tito writes, where each file's bytecode is kept by what it is compiled from (this Python's
+    bytecode version, the file's path, which the bytecode names, and its content): compiling the package cost about
+    0.05 s of the instructor's process per run."""
+    import importlib.util
     import py_compile
     from importlib.util import cache_from_source
 
@@ -1500,13 +1576,32 @@ def package_bytecode(root: Path, sources: list[Path]) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="tito-bytecode-") as tmp:
         for p in sources:
             rel = cache_from_source(str(p.relative_to(root)))
+            source = p.read_bytes()
+            kept = None
+            if cache is not None:
+                key = hashlib.sha256(importlib.util.MAGIC_NUMBER + str(p).encode() + b"\0" + source).hexdigest()
+                kept = cache / "bytecode" / f"{key[:40]}.pyc"
+                try:
+                    out[rel] = base64.b64encode(kept.read_bytes()).decode()
+                    continue
+                except OSError:
+                    pass
             dest = Path(tmp) / rel
             try:
                 py_compile.compile(str(p), cfile=str(dest), doraise=True,
                                    invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
             except py_compile.PyCompileError:  # the import says what is wrong with the source, as without bytecode
                 continue
-            out[rel] = base64.b64encode(dest.read_bytes()).decode()
+            data = dest.read_bytes()
+            if kept is not None and importlib.util.source_hash(source) == data[8:16]:  # compiled from what was hashed
+                try:
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    part = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+                    part.write_bytes(data)
+                    os.replace(part, kept)  # whole or not at all
+                except OSError:
+                    pass  # a cache: the next run compiles again
+            out[rel] = base64.b64encode(data).decode()
     return out
 
 
@@ -1917,12 +2012,35 @@ def autograde(settings: Settings, module: Module, students: list[str] | None = N
         gc.unfreeze()
 
 
+class _RunSettings:
+    """A run's view of `settings`: the same answers, with its paths resolved once (`Settings.path` resolves each time:
+    a stat of every folder on the path, about eight times per submission)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.paths: dict = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.settings, name)
+
+    def path(self, section: str, key: str, default: str | None = None) -> Path:
+        k = (section, key, default)
+        if k not in self.paths:
+            self.paths[k] = self.settings.path(section, key, default)
+        return self.paths[k]
+
+    @property
+    def nbgrader_root(self) -> Path:
+        return self.path("nbgrader", "root", "nbgrader")  # Settings.nbgrader_root's own lookup
+
+
 def _autograde(settings: Settings, module: Module, students: list[str] | None, force: bool, workers: int | None,
                on_event: Callable[[str, Outcome | None, int, int], None] | None, cluster: str | None,
                skip_cells: bool) -> RunReport:
     from .executor import DaskExecutor, LocalExecutor, NodeSpec, new_run_id
     from .trusted import TITO_DIR, Plan, code_tree, probe_digest
 
+    settings = _RunSettings(settings)
     g = GradingSettings.load(settings)
     cluster = g.cluster if cluster is None else cluster.strip()
     all_students = submitted_students(settings, module)
@@ -1936,7 +2054,7 @@ def _autograde(settings: Settings, module: Module, students: list[str] | None, f
                               f"(submitted: {', '.join(all_students[:10])}{'...' if len(all_students) > 10 else ''})")
     release_file = ensure_released(settings, module)
     release_bytes = release_file.read_bytes()
-    release = nbformat.reads(release_bytes.decode("utf-8"), as_version=4)
+    release = Release(nbformat.reads(release_bytes.decode("utf-8"), as_version=4))  # its side of the integrity check
     salt = _salt(g, module)
     results = load_results(settings, module)
     pruned = _prune(settings, module, results, all_students)
@@ -2011,7 +2129,7 @@ def _autograde(settings: Settings, module: Module, students: list[str] | None, f
                 outcome = fail(settings, module, d.job, d.why, status=TIMED_OUT if d.killed else FAILED, book=book)
             else:
                 try:
-                    outcome = finish(settings, module, d.job, d.result, plan, d.checked, book=book)
+                    outcome = finish(settings, module, d.job, d.result, plan, d.checked, book=book, g=g)
                 except Exception as e:  # a damaged executed notebook: this student fails, the others go on
                     outcome = fail(settings, module, d.job, f"scoring failed: {type(e).__name__}: {e}", book=book)
             outcome.node = d.node

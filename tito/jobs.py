@@ -189,17 +189,23 @@ def encode_files(files: dict[str, str]) -> bytes:
     return json.dumps(files, separators=(",", ":")).encode()[1:-1]
 
 
-def payload_bytes(payload: dict) -> bytes:
-    """`payload` as compact JSON; a `Files` value last in it is written from its shared part's encoding."""
+def payload_parts(payload: dict) -> list[bytes]:
+    """`payload` as compact JSON, in parts to be written one after the other; a `Files` value last in it is written
+    from its shared part's encoding (a part of its own: never copied into a new string of megabytes)."""
     files = payload.get("files")
     keys = list(payload)
     if not isinstance(files, Files) or keys[-1] != "files":
-        return json.dumps(payload, separators=(",", ":")).encode()
+        return [json.dumps(payload, separators=(",", ":")).encode()]
     # an own path that is also a shared one comes last, and a JSON reader keeps the last: the dict's own value
     head = json.dumps({k: payload[k] for k in keys[:-1]}, separators=(",", ":")).encode()
     own = encode_files(files.own)
-    inner = files.shared_json + (b"," + own if files.shared_json and own else own)
-    return head[:-1] + (b"," if len(head) > 2 else b"") + b'"files":{' + inner + b"}}"
+    return [head[:-1] + (b"," if len(head) > 2 else b"") + b'"files":{', files.shared_json,
+            (b"," + own if files.shared_json and own else own) + b"}}"]
+
+
+def payload_bytes(payload: dict) -> bytes:
+    """`payload` as compact JSON (`payload_parts`, joined)."""
+    return b"".join(payload_parts(payload))
 
 
 def worker_env(box) -> dict:
@@ -295,15 +301,20 @@ class Session:
     def send(self, msg: dict, deadline: float) -> None:
         self.send_bytes((json.dumps(msg, separators=(",", ":")) + "\n").encode(), deadline)
 
-    def send_bytes(self, data: bytes, deadline: float) -> None:
-        """One message already encoded (a line)."""
-        view = memoryview(data)
-        while view:
+    def send_bytes(self, data: bytes | list[bytes], deadline: float) -> None:
+        """One message already encoded (a line), or its parts in order (written together: `os.writev`)."""
+        views = [memoryview(d) for d in ([data] if isinstance(data, (bytes, bytearray)) else data) if len(d)]
+        while views:
             left = deadline - self.clock()
             if left <= 0:
                 raise Ended("timeout")
             try:  # a pipe with room takes it at once (the fd is non-blocking): a select only when it is full
-                view = view[os.write(self.wfd, view):]
+                n = os.writev(self.wfd, views[:64])
+                while n:
+                    if n >= len(views[0]):
+                        n -= len(views.pop(0))
+                    else:
+                        views[0], n = views[0][n:], 0
                 continue
             except BlockingIOError:
                 pass
@@ -314,7 +325,7 @@ class Session:
     def send_job(self, kind: str, payload: dict, deadline: float) -> None:
         assert kind in KINDS, kind
         head, tail = job_frame(kind)
-        self.send_bytes(head + payload_bytes(payload) + tail, deadline)
+        self.send_bytes([head, *payload_parts(payload), tail], deadline)  # one line, its parts never joined
 
     def close(self, kill: Callable[[subprocess.Popen], None]) -> None:
         """Reap the process (killing its tree with `kill` if it does not end within 5 s) and close the pipes."""

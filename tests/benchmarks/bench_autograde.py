@@ -2,12 +2,13 @@
 
     .venv/bin/python tests/benchmarks/bench_autograde.py [--students 20] [--workers 2] [--module 06]
                                                          [--sandbox MODE] [--no-cluster] [--no-baseline]
-                                                         [--rounds 1]
+                                                         [--rounds 1] [--small 5]
 
 Copies the course (tracked files) to a temporary folder, generates the release, collects a class of
 correct submissions (made from the release and the source notebook), grades one (the preflight and a
 warm-up, timed apart), then grades the same N notebooks (--force), in this one process, interleaved for
---rounds: on this machine's process pool of --workers with every cell run (the baseline: grading before
+--rounds: a smaller class of --small students on the process pool (before the runs, and again after the pool's), on this
+machine's process pool of --workers with every cell run (the baseline: grading before
 cells no graded test needs were skipped), on the same pool as now, and on a Dask LocalCluster of --workers
 worker processes (`--cluster local`). For each it prints the wall time and the CPU per notebook of: each
 submission's sandbox (its grading worker and kernel, and its probe processes: each reports its own and its
@@ -15,7 +16,9 @@ reaped children's CPU, carried back in the job's result, `Outcome.cpu_s`; bubble
 reaped into this process's counters, so that is the only way to see it), the other processes this one
 waited for (the Dask workers), and tito's own process (scoring, gradebook, results, the probes' oracle;
 with Dask also the scheduler). It ends with the ratio of sandbox CPU, skipped vs every cell, and whether
-tito's process meets 0.05 s per notebook, and whether the sandbox CPU per notebook (with cells skipped) meets
+tito's process meets 0.05 s per notebook (its CPU over the N notebooks, and its per-notebook cost apart from its
+per-run cost: the slope between the smaller class and the full one, met / not met / too noisy to tell from the spread
+of the smaller class's two runs), and whether the sandbox CPU per notebook (with cells skipped) meets
 --target-cpu (met / not met / too noisy to tell, from its mean +- 2 standard errors over the notebooks graded).
 `--students 2` is a smoke test. The machine's other load shows
 in the load average printed with each run: compare runs of one invocation, not across invocations.
@@ -56,6 +59,9 @@ def main() -> int:
     ap.add_argument("--no-cluster", action="store_true", help="only the process pool")
     ap.add_argument("--no-baseline", action="store_true", help="skip the baseline run with every cell run")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the runs")
+    ap.add_argument("--small", type=int, default=5,
+                    help="students of the smaller class graded on the pool before and after the full one, in each round "
+                         "(tito's per-run cost and per-notebook cost apart; 0: not)")
     ap.add_argument("--target-cpu", type=float, default=2.2,
                     help="sandbox CPU seconds per notebook to reach (issue 32: half of module 06's 4.4 s)")
     args = ap.parse_args()
@@ -85,12 +91,25 @@ def main() -> int:
         runs = []
         if not args.no_baseline:  # the same notebooks with every cell run: grading before cells were skipped
             runs.append((f"pool, every cell run ({args.workers} w)", None, False))
-        runs.append((f"process pool ({args.workers} workers)", None, True))
+        pool = f"process pool ({args.workers} workers)"
+        runs.append((pool, None, True))
         if not args.no_cluster:
             runs.append((f"Dask LocalCluster ({args.workers} w)", "local", True))
         rows = {}
+        small = min(args.small, args.students - 1) if args.small > 0 else 0
+        smalls: list[float] = []  # tito's CPU of each smaller-class run
+
+        def small_class() -> None:
+            p0 = time.process_time()
+            grading.autograde(settings, module, students=[f"student{i:03d}" for i in range(small)], force=True,
+                              workers=args.workers)
+            smalls.append(time.process_time() - p0)
+
         for _ in range(args.rounds):  # interleaved: the machine's load changes alike for each
+            if small:
+                small_class()
             for label, cluster, skip in runs:
+
                 load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
                 t0, p0, c0 = time.perf_counter(), time.process_time(), _children_cpu()
                 report = grading.autograde(settings, module, force=True, workers=args.workers, cluster=cluster,
@@ -111,6 +130,8 @@ def main() -> int:
                       f"in their sandboxes, on average {sum(w for w, _ in split) / max(1, len(split)):.2f} s in the "
                       f"notebook worker and kernel and {sum(p for _, p in split) / max(1, len(split)):.2f} s in the "
                       f"probe processes; load average before: {load:.1f})")
+                if small and label == pool:
+                    small_class()  # the full pool run between two smaller ones
         n = args.students
         print(f"autograde {n} correct {module.slug} notebooks on {os.cpu_count()} cores, sandbox: {report.sandbox}, "
               f"{args.rounds} round(s) interleaved in this process")
@@ -143,8 +164,23 @@ def main() -> int:
         print(f"  sandbox CPU per notebook: {mean_cpu:.2f} s (mean +- 2 standard errors over {len(cpu)} notebooks: "
               f"{low:.2f}-{high:.2f} s; target at most {args.target_cpu:g} s, half of the 4.4 s measured on module 06 "
               f"before issue 32: {verdict})")
-        print(f"  tito's own process: {now[1]:.3f} s per notebook (target at most 0.05 s: "
-              f"{'met' if now[1] <= 0.05 else 'not met'})")
+        print(f"  tito's own process: {now[1]:.3f} s per notebook, its whole CPU over the {n} notebooks (target at most "
+              f"0.05 s: {'met' if now[1] <= 0.05 else 'not met'})")
+        if small and len(smalls) >= 2:
+            # tito's CPU of a run = fixed + per notebook x N: the slope between the smaller class and the full one
+            # (same process, interleaved). The runs of the smaller class, before and after, show how much one run's
+            # CPU varies here (d): the slope's interval takes the full run's CPU +- d against the smaller class's range
+            fulls = [r[1] for r in rows[pool]]
+            d = max(smalls) - min(smalls)
+            slope = (sum(fulls) / len(fulls) - sum(smalls) / len(smalls)) / (n - small)
+            lo = (min(fulls) - d - max(smalls)) / (n - small)
+            hi = (max(fulls) + d - min(smalls)) / (n - small)
+            fixed = sum(smalls) / len(smalls) - slope * small
+            verdict = "met" if hi <= 0.05 else "not met" if lo > 0.05 else "too noisy to tell"
+            print(f"  tito's own process, per run and per notebook apart ({len(smalls)} runs of {small} notebooks around "
+                  f"{len(fulls)} of {n}: {', '.join(f'{c:.2f}' for c in smalls)} s vs {', '.join(f'{c:.2f}' for c in fulls)}"
+                  f" s): {fixed:.2f} s per run + {slope:.3f} s per notebook (interval {lo:.3f}-{hi:.3f} s; "
+                  f"target at most 0.05 s per notebook: {verdict})")
         print(f"  a class of 500: {500 * now[0] / 3600:.2f} CPU-hours in sandboxes, "
               f"{500 * now[1] / 60:.1f} min in tito's own process (the serial part)")
     return 0

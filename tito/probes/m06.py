@@ -47,6 +47,23 @@ def _summed(v):
     return Seq("list", out)
 
 
+_REFERENCE_SUMMED: dict[int, tuple] = {}  # id(a reference record) -> (the record, `_summed` of it)
+
+
+def _summed_reference(v):
+    """`_summed` of a reference record, computed once per record: a run's reference is the same objects for every
+    submission (the plan's, never changed once read). Kept by identity with the record itself, so an id is never
+    another record's; a new run's plan is new records."""
+    hit = _REFERENCE_SUMMED.get(id(v))
+    if hit is not None and hit[0] is v:
+        return hit[1]
+    if len(_REFERENCE_SUMMED) > 10_000:
+        _REFERENCE_SUMMED.clear()
+    out = _summed(v)
+    _REFERENCE_SUMMED[id(v)] = (v, out)
+    return out
+
+
 def _rules_check(got, want):
     p = Probe("6.x", "06", None)
     for key in want:
@@ -54,7 +71,7 @@ def _rules_check(got, want):
         bad = [x for x in (mine.items if isinstance(mine, Seq) else []) if isinstance(x, str)]
         if bad and isinstance(want[key], Seq):
             return f"{key}: your rule's gradients: {bad[0]}"
-        why = compare(mine, _summed(want[key]), p, key)
+        why = compare(mine, _summed_reference(want[key]), p, key)
         if why:
             return why
     return ""
