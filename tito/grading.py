@@ -1570,12 +1570,13 @@ def package_bytecode(root: Path, sources: list[Path], cache: Path | None = None)
     0.05 s of the instructor's process per run."""
     import importlib.util
     import py_compile
-    from importlib.util import cache_from_source
+
+    from .trusted import pyc_beside
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="tito-bytecode-") as tmp:
         for p in sources:
-            rel = cache_from_source(str(p.relative_to(root)))
+            rel = pyc_beside(str(p.relative_to(root)))
             source = p.read_bytes()
             kept = None
             if cache is not None:

@@ -90,6 +90,14 @@ def package_module_name(root: Path, module: Module) -> tuple[str, str]:
     return ".".join(rel.with_suffix("").parts), str(rel)
 
 
+def pyc_beside(source: str) -> str:
+    """Where a sandbox's interpreter (`python -I`: no PYTHONPYCACHEPREFIX) looks for the bytecode of `source`:
+    `__pycache__/NAME.TAG.pyc` beside it. importlib's `cache_from_source` and `compileall` follow this process's own
+    `sys.pycache_prefix` instead, and wrote the sandbox's bytecode outside its tree where the instructor sets one."""
+    folder, name = os.path.split(source)
+    return os.path.join(folder, "__pycache__", f"{os.path.splitext(name)[0]}.{sys.implementation.cache_tag}.pyc")
+
+
 def code_tree(dest: Path, number: str | None, cache: Path | None = None) -> Path:
     """The only tito code a grading sandbox gets, copied under `dest` (readable by every user): the notebook
     worker and what it imports, the probe runner, and module `number`'s probe file without its checks.
@@ -131,9 +139,13 @@ def code_tree(dest: Path, number: str | None, cache: Path | None = None) -> Path
         (tito / "probes" / f"m{int(number):02d}.py").write_text(P.sandbox_source(number), encoding="utf-8")
     # compiled once here: the sandboxes cannot write this tree (and run with PYTHONDONTWRITEBYTECODE), so each
     # submission's worker and probe process compiled the same files again (about 0.07 s of CPU per submission)
-    import compileall
+    import py_compile
 
-    compileall.compile_dir(str(tito), quiet=2)
+    for src in sorted(tito.rglob("*.py")):
+        try:
+            py_compile.compile(str(src), cfile=pyc_beside(str(src)), doraise=True)
+        except py_compile.PyCompileError:  # the import says what is wrong, as without bytecode
+            pass
     for folder, dirs, names in os.walk(dest):
         os.chmod(folder, 0o755)
         for n in names:
