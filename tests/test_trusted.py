@@ -77,12 +77,20 @@ def _prerequisites(number: str) -> tuple[dict, Path]:
     module for this test process, as grading builds them once per run: rebuilding both for each of the catalogue's
     220 mutations (parsing and compiling the package and the probe files) cost the suite about a CPU-second each."""
     if number not in _PREREQUISITES:
-        code = code_tree(Path(tempfile.mkdtemp(prefix="tito-trusted-code-", dir=_SCRATCH.name)) / "code", number)
-        _PREREQUISITES[number] = (package_files(ROOT, MODULES[number]), code)
+        _PREREQUISITES[number] = (package_files(ROOT, MODULES[number]), _code_tree(number))
     return _PREREQUISITES[number]
 
 
+def _code_tree(number: str) -> Path:
+    "Module `number`'s sandbox code tree (`code_tree`), built once per test process."
+    if number not in _CODE_TREES:
+        _CODE_TREES[number] = code_tree(Path(tempfile.mkdtemp(prefix="tito-trusted-code-", dir=_SCRATCH.name)) / "code",
+                                        number)
+    return _CODE_TREES[number]
+
+
 _PREREQUISITES: dict = {}
+_CODE_TREES: dict = {}
 _SCRATCH = tempfile.TemporaryDirectory(prefix="tito-trusted-tests-")  # removed when this test process ends
 
 
@@ -192,13 +200,12 @@ def test_no_probe_substitutes_source_and_sandbox_copies_hold_no_checks():
         for p in P.module_probes(number).values():
             if p.check is not None:
                 assert f"def {p.check.__name__}(" not in copy, (number, p.check.__name__)
-        with tempfile.TemporaryDirectory() as tmp:
-            code = code_tree(Path(tmp), number)
-            probe = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                                    "from tito import probes as P; print(sorted(P.module_probes(sys.argv[2])))",
-                                    str(code), number], capture_output=True, text=True)
-            assert probe.stdout.strip() == repr(sorted(P.module_probes(number))), probe.stderr
-            assert not (code / "tito" / "trusted.py").exists() and not (code / "tito" / "grading.py").exists()
+        code = _code_tree(number)  # the tree the probe runs of this process use (built by code_tree)
+        probe = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                                "from tito import probes as P; print(sorted(P.module_probes(sys.argv[2])))",
+                                str(code), number], capture_output=True, text=True)
+        assert probe.stdout.strip() == repr(sorted(P.module_probes(number))), probe.stderr
+        assert not (code / "tito" / "trusted.py").exists() and not (code / "tito" / "grading.py").exists()
     with pytest.raises(TypeError, match="replay="):
         P.probe("99.1", uses=("x",))
 
