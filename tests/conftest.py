@@ -17,6 +17,13 @@ if str(ROOT / "milestones") not in sys.path:
 pytest_plugins = ["tito.pytest_plugin"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The end-to-end tests (marked `slow`) first, each group in its own order: the suite's workers take tests from
+    the front and steal from each other at the end (`--dist worksteal`), so the many short tests even out the end
+    instead of one worker finishing a long grading test while the other has nothing left."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_report_header(config):
     import tinytorch
 

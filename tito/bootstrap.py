@@ -112,10 +112,13 @@ def run_job(job: str, argv: list[str], py: Path, env: dict) -> None:
         ensure_bubblewrap()
         ensure_chromium()
         # One test worker per core (pytest-xdist; TINYTORCH_TEST_WORKERS=1 runs serially), each with
-        # single-threaded BLAS: more threads than cores make every small matmul wait for a core.
+        # single-threaded BLAS: more threads than cores make every small matmul wait for a core. A worker with
+        # nothing left takes tests queued for the other (worksteal): with plain `load` scheduling one worker sat idle
+        # for 90 s at the end while the other ran its queue of grading tests.
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")
-        sh(py, "-m", "pytest", "-q", "-n", os.environ.get("TINYTORCH_TEST_WORKERS", "auto"), *argv[1:], env=env)
+        sh(py, "-m", "pytest", "-q", "-n", os.environ.get("TINYTORCH_TEST_WORKERS", "auto"), "--dist", "worksteal",
+           *argv[1:], env=env)
     else:
         sys.exit(f"unknown job {job!r}: use `run` or `test`")
 
