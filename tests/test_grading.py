@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from tests.simulated_class import KINDS, first_test_points, make_class
@@ -1062,3 +1063,66 @@ def test_the_autograded_notebooks_text_is_nbformats_byte_for_byte():
     nb.cells[0].metadata["odd"] = object()
     with pytest.raises(TypeError):  # what nbformat's writer raises
         notebook_text(nb)
+
+
+# ------------------------------------------------------------------ probe records: arrays on the wire
+
+
+def _odd_arrays():
+    a = np.arange(24, dtype=np.float64).reshape(4, 6)
+    return [
+        np.array(2.5),  # 0-d
+        np.float32(-0.0),  # a NumPy scalar (sent as a 0-d array)
+        np.zeros((0, 3), np.float32),  # empty
+        np.zeros((2, 0, 4), np.int8),
+        a[::2, ::3],  # non-contiguous
+        a.T,  # Fortran order
+        np.array([np.nan, np.inf, -np.inf, -0.0, 5e-324], np.float64),  # NaN, infinities, a subnormal
+        np.array([1 + 2j, np.nan - 1j], np.complex64),
+        np.array([1.5, 65504.0], np.float16),
+        np.arange(5, dtype=">i4"),  # big-endian
+        np.array([2 ** 64 - 1, 0], np.uint64),
+        np.array([True, False, True]),
+        np.array(["ab", "ünï", ""]),  # unicode
+        np.array([b"x\x00y", b""]),  # bytes
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_odd_arrays())))
+def test_probe_record_arrays_round_trip_exactly(i):
+    """An array the probe process records comes back in the trusted process with its dtype (byte order included),
+    shape and every bit (NaN payloads, -0.0), writable and C-contiguous, through the JSON line the pipe carries."""
+    from tito import probes as P
+
+    v = _odd_arrays()[i]
+    budget = [P.MAX_RECORD_BYTES]
+    doc = {"values": {"x": P.encode_value(v, budget)}, "outcome": {"kind": "ok"}}
+    values, outcome = P.read_record(json.loads(json.dumps(doc)))
+    got = values["x"]
+    want = np.asarray(v)
+    assert isinstance(got, P.Arr) and got.kind == ("scalar" if isinstance(v, np.generic) else "ndarray")
+    assert got.a.dtype == want.dtype and got.a.dtype.str == want.dtype.str, (got.a.dtype.str, want.dtype.str)
+    assert got.a.shape == want.shape
+    assert np.ascontiguousarray(got.a).tobytes() == np.ascontiguousarray(want).tobytes()
+    assert got.a.flags.writeable and got.a.flags.c_contiguous
+    assert outcome["kind"] == "ok"
+
+
+@pytest.mark.parametrize("wire, why", [
+    (["<f8", [2], "AAAAAAAA8D8="], "do not match its shape"),  # 8 bytes for 2 float64
+    (["<f8", [1], "AAAAAAAA8D8"], "bytes"),  # bad padding
+    (["<f8", [1], "ÄÄÄÄ"], "bytes"),  # not ASCII
+    (["|O", [1], "AAAAAAAAAAA="], "may not be sent"),  # objects
+    (["no such dtype", [1], ""], "malformed"),
+    (["<f8", [-1], ""], "may not be sent"),
+    (["<f8", ["x"], ""], "malformed"),
+    (["<f8", [1]], "malformed"),
+    (["<f8", [0], 5], "malformed"),
+])
+def test_probe_record_bad_arrays_are_refused(wire, why):
+    """A malformed array in a record (the student's process made it) is refused with BadRecord, never another error
+    that would end the trusted side's thread."""
+    from tito import probes as P
+
+    with pytest.raises(P.BadRecord, match=why):
+        P.read_record({"values": {"x": {"__array__": wire}}, "outcome": {"kind": "ok"}})
