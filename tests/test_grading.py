@@ -764,9 +764,9 @@ def test_the_packages_bytecode_from_its_cache_is_the_one_compiled_and_a_changed_
     content: the same bytecode as compiling it, read back from the cache, and a source whose content changed is
     compiled again (the cache's entry for the old content is not believed for the new)."""
     import base64
-    from importlib.util import cache_from_source
 
     from tito.grading import package_bytecode
+    from tito.trusted import pyc_beside
 
     pkg = tmp_path / "root" / "tinytorch"
     pkg.mkdir(parents=True)
@@ -779,7 +779,7 @@ def test_the_packages_bytecode_from_its_cache_is_the_one_compiled_and_a_changed_
     assert len(kept) == 2
     for f in kept:  # the cache is what a second run reads: plant a lie in it
         f.write_bytes(f.read_bytes() + b"lie")
-    rel = cache_from_source("tinytorch/a.py")
+    rel = pyc_beside("tinytorch/a.py")
     assert base64.b64decode(package_bytecode(tmp_path / "root", sources, cache)[rel]).endswith(b"lie")
     (pkg / "a.py").write_text("X = 2\n")  # a new content: compiled again, whatever the cache holds
     again = package_bytecode(tmp_path / "root", sources, cache)
