@@ -132,3 +132,26 @@ def test_the_warm_pytest_runs_as_a_fresh_interpreter_would_and_stops_at_its_time
         assert rc == 0 and "2 passed" in out, (rc, out, err)
     finally:
         runner.close()
+
+
+def test_tito_test_stops_a_failing_property_test_at_its_first_example_even_with_torch_hidden(tmp_path):
+    """Under `tito test`'s report (its hypothesis profile) a property test does not shrink, also when
+    `-p tests.support.no_torch` imports tests.support before the profile is loaded (the mutation harness's runs)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    probe = root / "tests" / "modules" / f"test_zz_phases_{tmp_path.name}.py"
+    probe.write_text("from tests.support import property_settings\n"
+                     "def test_phases():\n    print('PHASES', sorted(p.name for p in property_settings().phases))\n")
+    try:
+        def phases(*extra):
+            out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:xdist", "-p", "no:randomly",
+                                  "-p", "tests.support.no_torch", str(probe), *extra], cwd=root, capture_output=True,
+                                 text=True, timeout=300).stdout
+            return next(line for line in out.splitlines() if line.startswith("PHASES"))
+        assert "shrink" in phases(), "the suite's own runs shrink a failing example"
+        assert "shrink" not in phases(f"--tito-report={tmp_path / 'r.json'}"), "tito test's runs must not shrink"
+    finally:
+        probe.unlink()

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import (
-    ANY, ATOL, PHASES, RTOL, assert_close, axis_specs, broadcast_pairs, check_close, incompatible_pairs, laid_out,
+    ANY, ATOL, phases, RTOL, assert_close, axis_specs, broadcast_pairs, check_close, incompatible_pairs, laid_out,
     layout, matmul_shapes, params, property_settings, rows, shape_id, shapes, to_torch, tt_args,
 )
 from tests.support import BY_NAME as OP
@@ -321,7 +321,7 @@ def test_matmul_rejects_scalars_and_unbroadcastable_batches():
 
 
 @pytest.mark.exercise("1.4", "Tensor.matmul")
-@settings(max_examples=25, deadline=None, phases=PHASES)
+@settings(max_examples=25, deadline=None, phases=phases())
 @given(data=st.data(), pair=matmul_shapes())
 def test_matmul_matches_torch(data, pair):
     torch = pytest.importorskip("torch")
@@ -383,7 +383,7 @@ def test_reduction_bad_axis_names_op_axis_and_shape(name, tt, ref, shape):
 
 
 @pytest.mark.exercise("1.5", "Tensor._reduce")
-@settings(max_examples=25, deadline=None, phases=PHASES)
+@settings(max_examples=25, deadline=None, phases=phases())
 @given(data=st.data(), shape=shapes(min_dims=1, max_side=4), keepdims=st.booleans())
 def test_reductions_match_torch(data, shape, keepdims):
     torch = pytest.importorskip("torch")

@@ -22,6 +22,6 @@ from .refs import (
     FD_ATOL, FD_RTOL, assert_grad_close, fd_upstream, numeric_grads, reference_backend, torch_or_none,
 )
 from .strategies import (
-    ANY, EDGES, EXPONENT, EXTREME, HUGE, MODERATE, NONZERO, PHASES, POSITIVE, PROBABILITY, UNIT, Domain, axis_specs,
+    ANY, EDGES, EXPONENT, EXTREME, HUGE, MODERATE, NONZERO, phases, POSITIVE, PROBABILITY, UNIT, Domain, axis_specs,
     broadcast_pairs, incompatible_pairs, laid_out, layout, matmul_shapes, property_settings, shape_id, shapes,
 )

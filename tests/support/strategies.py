@@ -14,18 +14,21 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays, mutually_broadcastable_shapes
 
-# The `explain` phase is left out: on a failing test it costs seconds per test and adds nothing
-# to a minimal (shrunk) counterexample. Only the phases the loaded profile allows: under `tito test` (its "tito"
-# profile, loaded before any test module is imported) a failing property test reports its first failing example
-# instead of shrinking it, which cost a student's `tito test 01` on the stubs about 0.8 s per test (9 s for matmul).
-PHASES = [p for p in (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
-          if p in settings.default.phases]
+def phases() -> list[Phase]:
+    """The phases of a property test. The `explain` phase is left out: on a failing test it costs seconds per test
+    and adds nothing to a minimal (shrunk) counterexample. Only the phases the loaded profile allows, read when a
+    test's settings are made (its module's import, after the plugins configured hypothesis; this module itself may be
+    imported earlier, by `-p tests.support.no_torch`): under `tito test` (its "tito" profile) a failing property test
+    reports its first failing example instead of shrinking it, which cost a student's `tito test 01` on the stubs
+    about 0.8 s per test (9 s for matmul)."""
+    return [p for p in (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+            if p in settings.default.phases]
 
 
 def property_settings(max_examples: int = 50) -> settings:
     """Hypothesis settings of a property test: a modest budget, no deadline, and no `too_slow` health
     check (on a loaded shared machine drawing a few small arrays can take a second)."""
-    return settings(max_examples=max_examples, deadline=None, phases=PHASES,
+    return settings(max_examples=max_examples, deadline=None, phases=phases(),
                     suppress_health_check=[HealthCheck.too_slow])
 
 
