@@ -36,7 +36,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
-import copy
 import functools
 import datetime as dt
 import gc
