@@ -29,10 +29,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not INSTRUCTOR, reason="needs
 MODULES = load_modules(ROOT)
 
 
-def tito(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(cwd), MPLBACKEND="Agg", COLUMNS="200", TITO_STATE_DIR="")
-    env.pop("TITO_STATE_DIR")
+# A student edition does not need PyTorch (its quick start installs `.[test]` only), so the student's processes
+# here run as on such a machine: a `sitecustomize` on their PYTHONPATH (tests/support/no_torch_site) hides torch
+# from tito, the notebook's kernel and the package tests alike. The package tests then take their NumPy references,
+# and a notebook that needed torch would fail here. Where torch is installed, its comparisons run in the module tests.
+NO_TORCH_SITE = ROOT / "tests" / "support" / "no_torch_site"
+
+
+def student_env(edition: Path, **extra: str) -> dict:
+    """The environment of a student's `tito` in `edition`: its own package first, torch hidden, no tito overrides."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(edition), str(NO_TORCH_SITE)]), MPLBACKEND="Agg",
+               COLUMNS="200", **extra)
+    env.pop("TITO_STATE_DIR", None)
     env.pop("TITO_ROOT", None)
+    return env
+
+
+def tito(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = student_env(cwd)
     proc = subprocess.run([sys.executable, "-m", "tito.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     proc.output = proc.stdout + proc.stderr
@@ -191,6 +205,14 @@ def test_module_reset_backs_up_and_restores(edition):
     assert proc.returncode == 2 and "no backup of module 02" in proc.output, proc.output
 
 
+def test_the_students_processes_run_without_torch(edition):
+    """The student's tito, kernel and package tests here cannot import torch (see NO_TORCH_SITE)."""
+    code = "try:\n    import torch\nexcept ModuleNotFoundError as e:\n    print('no torch:', e)\nelse:\n    print('torch', torch.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=edition, env=student_env(edition), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.startswith("no torch:") and "hidden by tests.support.no_torch" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_reset_refused_in_the_instructor_edition():
     proc = tito(ROOT, "module", "reset", "01", "--yes")
     assert proc.returncode == 2 and "instructor edition" in proc.output
@@ -212,9 +234,7 @@ def test_concurrent_completions_in_two_terminals_are_both_recorded(edition):
     write_progress(edition, {"01": {"completed": "2024-01-01T00:00:00"}})
     for slug in ("02_activations", "05_dataloader"):
         use_reference(edition, slug)
-    env = dict(os.environ, PYTHONPATH=str(edition), MPLBACKEND="Agg", COLUMNS="200")
-    env.pop("TITO_STATE_DIR", None)
-    env.pop("TITO_ROOT", None)
+    env = student_env(edition)
     procs = [subprocess.Popen([sys.executable, "-m", "tito.main", "module", "complete", n], cwd=edition, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
              for n in ("02", "05")]
@@ -402,9 +422,7 @@ def test_interrupt_stops_everything_and_keeps_progress(edition, sig):
     psutil = pytest.importorskip("psutil")
     edit_solution(edition, "tensor_broadcast_shape", "while True:\n        pass")
     progress = write_progress(edition, {"01": {"started": "2024-01-01T00:00:00"}})
-    env = dict(os.environ, PYTHONPATH=str(edition), MPLBACKEND="Agg", COLUMNS="200", PYTHONUNBUFFERED="1")
-    env.pop("TITO_STATE_DIR", None)
-    env.pop("TITO_ROOT", None)
+    env = student_env(edition, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "tito.main", "module", "complete", "01"], cwd=edition, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                             start_new_session=True)
