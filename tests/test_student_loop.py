@@ -557,7 +557,6 @@ def test_an_own_bug_is_not_blamed_on_an_earlier_module(tmp_path):
 def test_a_failed_test_is_watched_on_a_second_run_outside_tito_test(tmp_path):
     "A plain pytest run (CI) watches no test that passes; a failed one runs once more, watched, to name the culprit."
     root = synthetic_course(tmp_path / "course", bugs={"double": "return [x, x]"})
-    report = root / "plain.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(Path(__file__).resolve().parents[1])]))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tito.pytest_plugin", "-p", "no:cacheprovider",
                            "--rootdir", str(root), str(root / "tests" / "modules"), "-k", "quad or double"],
@@ -574,8 +573,8 @@ def test_a_test_past_its_time_limit_names_the_exercise_and_the_run_goes_on(tmp_p
     got = reasons(report)
     assert got["test_spin"] == (
         "2.3 spin: test did not finish in 3 s (stopped there; the other tests ran on); when stopped it was in your "
-        f"2.3 spin: a loop that never ends, or a wait for something that never comes (a block never freed, a request "
-        f"never answered)? If your machine is only busy or slow, raise [execution] test_timeout in settings.ini"), got
+        "2.3 spin: a loop that never ends, or a wait for something that never comes (a block never freed, a request "
+        "never answered)? If your machine is only busy or slow, raise [execution] test_timeout in settings.ini"), got
     assert "when stopped it was in your 2.3 spin (thread spinner)" in got["test_spin_in_a_thread_the_test_waits_for"], got
     passed = {t["nodeid"].split("::")[-1] for t in report["tests"] if t["outcome"] == "passed"}
     assert passed == {"test_double", "test_quad", "test_quad_of_zero"}, report
