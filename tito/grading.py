@@ -1805,8 +1805,8 @@ class HelperRun:
 
     ATTEMPTS = 2
 
-    def __init__(self, pool: "WorkerPool", slot: int, job: dict, group, deadline: float):
-        self.pool, self.slot = pool, slot
+    def __init__(self, pool: "WorkerPool", slot: int, job: dict, group, deadline: float, log: list[str] | None = None):
+        self.pool, self.slot, self.log = pool, slot, log if log is not None else []
         own = getattr(job.get("files"), "own", None)
         if own is None:  # a plain dict (not from Plan.job): every file is sent
             own = dict(job.get("files") or {})
@@ -1853,7 +1853,10 @@ class HelperRun:
             return
         self.deaths.append(how)
         if self.attempts < self.ATTEMPTS:
+            dead = self.pid
             self.send()
+            self.log.append(f"the trusted helper process {dead} {how} while checking this submission: its checks run "
+                            f"again from the start in a fresh one ({self.pid})")
             return
         self.error = (f"the trusted checker process {self.deaths[0]}; started again, it "
                       f"{self.deaths[-1]}: the checks did not run to the end")
@@ -1933,7 +1936,7 @@ class WorkerPool:
         if job.probe is None:
             probe = None
         elif self.use_helpers:
-            probe = HelperRun(self, slot, job.probe, group, 2 * g.probe_timeout + 120)
+            probe = HelperRun(self, slot, job.probe, group, 2 * g.probe_timeout + 120, job.log)
         else:
             probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch, self.wake)
         now = time.monotonic()
