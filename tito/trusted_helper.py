@@ -14,7 +14,10 @@ sandbox's code tree, the submission's cgroup, death with its parent), and talks 
 
 The run's state goes to the helper once, as a file in the pool's root-only scratch folder that only tito writes
 (`write_state`: the `Plan` with the reference's records, the sandbox, the prerequisite package): a pickle, which is
-fine between two trusted processes of the same tito and never read from a process that runs student code. Then,
+fine between two trusted processes of the same tito and never read from a process that runs student code. The file is
+tito's user's alone (mode 600, in a folder of mode 700, removed with the pool) and no sandbox sees it: bubblewrap's /tmp
+is private, the namespace sandbox runs the student's code as another user (only `sandbox = none`, which runs it as
+you with the course's own notebooks readable, offers no such guarantee, as before). Then,
 one JSON line each way per submission, on the protocol's framing (`tito.jobs`):
 
     tito -> helper   {"t": "check", "id": 7, "own": {"tinytorch/core/autograd.py": <base64>}, "slot": 0,
