@@ -19,7 +19,9 @@ executes each submission in a worker process of its own
 (`tito.grade_worker`), several at a time, each under a wall-clock limit and the sandbox of
 `tito.sandbox` (per submission: a cgroup with the memory and process limits, a leased user id). The
 score comes from the trusted checks (`tito.trusted`): each submission's exported code is probed in a
-second, fresh sandbox that never ran the notebook, and every graded cell carries that verdict.
+second, fresh sandbox that never ran the notebook, started and answered by its worker slot's trusted helper
+process (`tito.trusted_helper`: the oracle, the records and the check functions run there, not in this
+process), and every graded cell carries that verdict; checks that could not run fail the submission.
 Hidden tests never run in the student's kernel (they are stripped before execution; the trusted
 checks score, the visible tests run for the student's feedback). Before that, every submission is
 compared with the release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back
