@@ -56,7 +56,7 @@ class LocalExecutor:
         from .grading import WorkerPool
 
         self.box = box
-        self.pool = WorkerPool(box, size, files, g, plan)
+        self.pool = WorkerPool(box, size, files, g, plan, helpers=True)
         self.node = socket.gethostname()
         self.notes: list[str] = []
         self.sandbox: str | None = None

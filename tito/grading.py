@@ -19,7 +19,9 @@ executes each submission in a worker process of its own
 (`tito.grade_worker`), several at a time, each under a wall-clock limit and the sandbox of
 `tito.sandbox` (per submission: a cgroup with the memory and process limits, a leased user id). The
 score comes from the trusted checks (`tito.trusted`): each submission's exported code is probed in a
-second, fresh sandbox that never ran the notebook, and every graded cell carries that verdict.
+second, fresh sandbox that never ran the notebook, started and answered by its worker slot's trusted helper
+process (`tito.trusted_helper`: the oracle, the records and the check functions run there, not in this
+process), and every graded cell carries that verdict; checks that could not run fail the submission.
 Hidden tests never run in the student's kernel (they are stripped before execution; the trusted
 checks score, the visible tests run for the student's feedback). Before that, every submission is
 compared with the release (`tito.integrity`): a deleted, edited or re-tagged graded cell is put back
@@ -1793,6 +1795,90 @@ class ProbeRun:
             if p.poll() is None:
                 kill_tree(p)
 
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout=timeout)
+
+
+class HelperRun:
+    """One submission's trusted checks in its slot's helper process (`tito.trusted_helper`), not in this one: the
+    request goes out at once, the verdicts come back as a message the pool reads (`WorkerPool.poll`). A helper that
+    dies while it checks this submission is started again and the checks run again, once; a second death (or no
+    answer by `deadline`) leaves `error` set: the submission then fails with that reason, never scored silently."""
+
+    ATTEMPTS = 2
+
+    def __init__(self, pool: "WorkerPool", slot: int, job: dict, group, deadline: float, log: list[str] | None = None):
+        self.pool, self.slot, self.log = pool, slot, log if log is not None else []
+        own = getattr(job.get("files"), "own", None)
+        if own is None:  # a plain dict (not from Plan.job): every file is sent
+            own = dict(job.get("files") or {})
+        self.request = {"t": "check", "id": 0, "own": own, "slot": slot,
+                        "group": [str(d) for d in group.dirs] if group is not None else None, "exercises": None}
+        self.checked = None
+        self.error = ""
+        self.attempts = 0
+        self.deaths: list[str] = []
+        self.finished = False
+        self.limit, self.deadline = deadline, 0.0
+        self.pid = 0  # the helper process that checks it (the last one started)
+        self.send()
+
+    def send(self) -> None:
+        helper = self.pool.helper(self.slot)
+        self.pid = helper.pid
+        self.attempts += 1
+        self.deadline = time.monotonic() + self.limit
+        self.pool.request_ids += 1
+        self.request["id"] = self.pool.request_ids
+        helper.send(self.request)
+
+    def on_message(self, msg: dict) -> None:
+        if self.finished or msg.get("id") != self.request["id"]:
+            return
+        if msg.get("t") == "checked":
+            from .trusted import Checked
+
+            verdicts = msg.get("verdicts")
+            if isinstance(verdicts, dict):
+                self.checked = Checked({str(k): str(v) for k, v in verdicts.items()},
+                                       [str(n) for n in msg.get("notes") or []], float(msg.get("cpu_s") or 0))
+            else:
+                self.error = "the trusted checker's answer holds no verdicts"
+            self.finished = True
+        elif msg.get("t") == "error":
+            self.error = f"the trusted checker failed: {str(msg.get('message', ''))[:500]}"
+            self.finished = True
+
+    def on_death(self, how: str) -> None:
+        """Its helper ended before answering: again in a fresh one, or the reason."""
+        if self.finished:
+            return
+        self.deaths.append(how)
+        if self.attempts < self.ATTEMPTS:
+            dead = self.pid
+            self.send()
+            self.log.append(f"the trusted helper process {dead} {how} while checking this submission: its checks run "
+                            f"again from the start in a fresh one ({self.pid})")
+            return
+        self.error = (f"the trusted checker process {self.deaths[0]}; started again, it "
+                      f"{self.deaths[-1]}: the checks did not run to the end")
+        self.finished = True
+
+    def expire(self, now: float) -> None:
+        if not self.finished and now > self.deadline:
+            self.pool.drop_helper(self.slot)
+            self.error = f"the trusted checker process did not answer within {self.limit:g} s"
+            self.finished = True
+
+    def done(self) -> bool:
+        return self.finished
+
+    def stop(self) -> None:
+        self.finished = True
+
+    def join(self, timeout: float) -> None:
+        pass
+
 
 class WorkerPool:
     """Up to `size` submissions at once, each in its own sandbox: the notebook in a worker process, the trusted
@@ -1803,10 +1889,18 @@ class WorkerPool:
     until something happened (a worker ended, its checks ended, a deadline passed, `wake()`) or `timeout` passed:
     a thread per worker waits for its exit, so nothing polls the processes in the meantime."""
 
-    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings, plan=None, first_slot: int = 0):
+    def __init__(self, box, size: int, files: dict[str, str], g: GradingSettings, plan=None, first_slot: int = 0,
+                 helpers: bool = False):
         import queue
 
         self.box, self.size, self.files, self.g, self.plan = box, max(1, size), files, g, plan
+        # helpers: each slot's trusted checks in a helper process of its own (tito.trusted_helper), started from this
+        # pool's thread and kept for the run; else on a thread of this process (ProbeRun: a Dask node, whose pool
+        # lives for one job)
+        self.use_helpers = helpers
+        self.helpers: dict = {}  # slot -> tito.trusted_helper.Helper
+        self.state_file: Path | None = None
+        self.request_ids = 0
         self.first_slot = first_slot  # a Dask worker's threads share one sandbox: each its own slots
         self.running: list[Running] = []
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # something to look at (put from threads, handlers)
@@ -1841,8 +1935,12 @@ class WorkerPool:
         with open(job_file, "rb") as fi, open(out, "wb") as fo, open(errf, "wb") as fe:
             job_file.unlink()
             proc = jobs.start(box, "tito.grade_worker", slot=slot, group=group, stdin=fi, stdout=fo, stderr=fe)
-        probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch, self.wake) \
-            if job.probe is not None else None
+        if job.probe is None:
+            probe = None
+        elif self.use_helpers:
+            probe = HelperRun(self, slot, job.probe, group, 2 * g.probe_timeout + 120, job.log)
+        else:
+            probe = ProbeRun(self.plan, job.probe, box, slot, group, self.scratch, self.wake)
         now = time.monotonic()
         self.running.append(Running(job, proc, out, errf, now, now + g.notebook_timeout + 30, workdir, slot, group,
                                     probe))
@@ -1852,7 +1950,10 @@ class WorkerPool:
         job.log.append(f"worker started (sandbox {box.mode}), limit {g.notebook_timeout:g} s per notebook, "
                        f"{g.cell_timeout:g} s per cell, memory {g.memory_gb:g} GiB, "
                        f"{box.max_processes} processes" + (", one cgroup for the whole submission" if group else ""))
-        if probe is not None:
+        if isinstance(probe, HelperRun):
+            job.log.append(f"trusted checks started by the trusted helper process {probe.pid} of slot {slot}, in a "
+                           f"fresh sandbox of their own (limit {g.probe_timeout:g} s)")
+        elif probe is not None:
             job.log.append(f"trusted checks started in a fresh sandbox of their own (limit {g.probe_timeout:g} s)")
 
     def _result(self, r: Running, killed: bool) -> tuple[dict | None, str]:
@@ -1909,6 +2010,39 @@ class WorkerPool:
         """Make a waiting `poll` look now (safe from a signal handler: SimpleQueue.put is reentrant)."""
         self.events.put(None)
 
+    def helper(self, slot: int):
+        """Slot `slot`'s helper, started (again) when it is not running; the run's state is written for them once."""
+        from .trusted_helper import Helper, write_state
+
+        h = self.helpers.get(slot)
+        if h is None:
+            if self.state_file is None:
+                self.state_file = write_state(self.scratch / "run.state", self.plan, self.box, self.files, self.scratch)
+            h = self.helpers[slot] = Helper(self.state_file, self.scratch / f"helper-{slot}.err",
+                                            lambda generation, msg: self.events.put((slot, generation, msg)))
+        if not h.alive:
+            h.start()
+        return h
+
+    def drop_helper(self, slot: int) -> None:
+        h = self.helpers.get(slot)
+        if h is not None:
+            h.close()
+
+    def _helper_event(self, slot: int, generation: int, msg: dict | None) -> None:
+        h = self.helpers.get(slot)
+        if h is None or h.generation != generation:  # from a helper already replaced
+            return
+        run = next((r.probe for r in self.running if r.slot == slot and isinstance(r.probe, HelperRun)), None)
+        if msg is not None:
+            if run is not None:
+                run.on_message(msg)
+            return
+        how = h.died() or "stopped answering"
+        h.close()
+        if run is not None:
+            run.on_death(how)
+
     def _reap(self, proc: subprocess.Popen) -> None:
         try:
             proc.wait()
@@ -1920,20 +2054,29 @@ class WorkerPool:
         """Score what ended; first wait up to `timeout` seconds for something to end (not past a hard deadline)."""
         import queue
 
+        events = []
         if timeout > 0 and self.running:
             now = time.monotonic()
-            nearest = min(r.hard_deadline for r in self.running) - now
+            nearest = min(min(r.hard_deadline, r.probe.deadline if isinstance(r.probe, HelperRun) else r.hard_deadline)
+                          for r in self.running) - now
             try:
-                self.events.get(timeout=max(0.0, min(timeout, nearest)))
+                events.append(self.events.get(timeout=max(0.0, min(timeout, nearest))))
             except queue.Empty:
                 pass
         while True:  # what else has happened meanwhile: looked at below all at once
             try:
-                self.events.get_nowait()
+                events.append(self.events.get_nowait())
             except queue.Empty:
                 break
+        for e in events:
+            if e is not None:
+                self._helper_event(*e)
+        for h in self.helpers.values():
+            h.flush()
         now = time.monotonic()
         for r in list(self.running):
+            if isinstance(r.probe, HelperRun):
+                r.probe.expire(now)
             if not r.ended and r.proc.poll() is not None:
                 r.ended = True
                 r.result, r.why = self._result(r, killed=False)
@@ -1945,8 +2088,10 @@ class WorkerPool:
                 self.running.remove(r)
                 checked = None
                 if r.probe is not None:
-                    if r.probe.error:
+                    if r.probe.error:  # never scored without its checks: the submission fails, saying why
                         r.job.log.append(f"the trusted checks could not run: {r.probe.error}")
+                        if r.result is not None:
+                            r.result, r.why = None, f"the trusted checks could not run: {r.probe.error}"
                     checked = r.probe.checked
                 if r.group is not None:
                     r.group.remove()
@@ -1965,7 +2110,9 @@ class WorkerPool:
                 shutil.rmtree(r.workdir, ignore_errors=True)
         for r in self.running:
             if r.probe is not None:
-                r.probe.thread.join(timeout=10)
+                r.probe.join(timeout=10)
+        for h in self.helpers.values():
+            h.close()
         self.running.clear()
         shutil.rmtree(self.scratch, ignore_errors=True)
         return left

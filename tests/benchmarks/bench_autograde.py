@@ -14,8 +14,9 @@ worker processes (`--cluster local`). For each it prints the wall time and the C
 submission's sandbox (its grading worker and kernel, and its probe processes: each reports its own and its
 reaped children's CPU, carried back in the job's result, `Outcome.cpu_s`; bubblewrap's own tree is not
 reaped into this process's counters, so that is the only way to see it), the other processes this one
-waited for (the Dask workers), and tito's own process (scoring, gradebook, results, the probes' oracle;
-with Dask also the scheduler). It ends with the ratio of sandbox CPU, skipped vs every cell, and whether
+waited for (the trusted helpers that run each submission's checks and the probes' oracle on the pool,
+the Dask workers), and tito's own process (scoring, gradebook, results; with Dask also the scheduler).
+It ends with the ratio of sandbox CPU, skipped vs every cell, and whether
 tito's process meets 0.05 s per notebook (its CPU over the N notebooks, and its per-notebook cost apart from its
 per-run cost: the slope between the smaller class and the full one, met / not met / too noisy to tell from the spread
 of the smaller class's two runs), and whether the sandbox CPU per notebook (with cells skipped) meets
@@ -143,7 +144,7 @@ def main() -> int:
         print(f"autograde {n} correct {module.slug} notebooks on {os.cpu_count()} cores, sandbox: {report.sandbox}, "
               f"{args.rounds} round(s) interleaved in this process")
         print("  CPU per notebook: sandbox = each submission's worker, kernel and probe processes (each measures its "
-              "own and its reaped children's); outside = other processes this one waited for (Dask workers); "
+              "own and its reaped children's); outside = other processes this one waited for (the pool's trusted helpers, Dask workers); "
               "tito = this process")
         mean = {}
         for label, rs in rows.items():
