@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from tests.simulated_class import KINDS, first_test_points, make_class
+from tests.support.releases import add_release, copy_course  # noqa: F401 (a fixture)
 from tito import notebooks as nbs
 from tito.course import CODE_STUB, Settings, load_modules
 from tito.grading import descendants
 from tito.sandbox import bwrap_available, namespace_available
-from tito.student import tracked_files
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTOR = Settings.load(ROOT).edition == "instructor"
@@ -62,12 +62,7 @@ def set_settings(course: Path, **values: str) -> None:
 
 @pytest.fixture
 def course(tmp_path) -> Path:
-    dest = tmp_path / "course"
-    for rel in tracked_files(ROOT):
-        if rel.startswith((".git/", ".venv/", "nbgrader/")):
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
+    dest = copy_course(tmp_path / "course")
     set_settings(dest, grading__workers="2", grading__notebook_timeout=str(NOTEBOOK_LIMIT),
                  execution__cell_timeout=str(CELL_LIMIT), grading__memory_gb="2",
                  grading__max_processes=str(MAX_PROCESSES))
@@ -100,10 +95,9 @@ def write_class(folder: Path, files: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize("number", ["01", "02"])
-def test_release_stubs_compile_and_raise_not_implemented(course, number):
+def test_release_stubs_compile_and_raise_not_implemented(course, add_release, number):
     module = MODULES[number]
-    proc = tito(course, "nbgrader", "generate", number)
-    assert proc.returncode == 0, proc.output
+    add_release(course, number)  # what `tito nbgrader generate` wrote (it exited with 0)
     release = course / "nbgrader" / "release" / module.slug / module.notebook.name
     nb = nbs.read(release)
     stubs = [c for c in nb.cells if nbs.is_solution_cell(c) and c.cell_type == "code"]
@@ -152,9 +146,9 @@ CLASSES = {"02": [k for k in KINDS if LIMITED or k != "forkbomb"]}
 
 
 @pytest.mark.parametrize("number", sorted(CLASSES))
-def test_simulated_class_every_submission_accounted_for(course, tmp_path, number):
+def test_simulated_class_every_submission_accounted_for(course, add_release, tmp_path, number):
     module = MODULES[number]
-    assert tito(course, "nbgrader", "generate", number).returncode == 0
+    add_release(course, number)
     files = make_class(module, CLASSES[number])
     truncated = {k: v for k, v in files.items() if k.startswith("truncated")}
     inbox = write_class(tmp_path / "lms", files)
@@ -263,10 +257,10 @@ def hidden_lines(module) -> list[str]:
 # ------------------------------------------------------------------ interrupt
 
 
-def test_interrupted_run_leaves_no_processes_and_recovers(course, tmp_path):
+def test_interrupted_run_leaves_no_processes_and_recovers(course, add_release, tmp_path):
     module = MODULES["01"]
     set_settings(course, grading__workers="1", grading__sandbox="none")  # the fallback path: kernels are plain children
-    assert tito(course, "nbgrader", "generate", "01").returncode == 0
+    add_release(course, "01")
     kinds = ["correct", "stub", "stubborn", "partial"]
     inbox = write_class(tmp_path / "lms", make_class(module, kinds))
     assert tito(course, "nbgrader", "collect", "01", str(inbox)).returncode == 0
@@ -359,10 +353,10 @@ print("PROBE" + json.dumps(report))
 
 
 @pytest.mark.skipif(bool(bwrap_available()), reason=f"no bubblewrap here: {bwrap_available()}")
-def test_student_code_cannot_read_solutions_nor_write_the_gradebook(course, tmp_path):
+def test_student_code_cannot_read_solutions_nor_write_the_gradebook(course, add_release, tmp_path):
     module = MODULES["02"]
     set_settings(course, grading__sandbox="bwrap", execution__cell_timeout="90", grading__notebook_timeout="180")
-    assert tito(course, "nbgrader", "generate", "02").returncode == 0
+    add_release(course, "02")
     files = make_class(module, ["correct"])
     nb = nbformat.reads(next(iter(files.values())), as_version=4)
     nb.cells.insert(3, nbformat.v4.new_code_cell(PROBE.format(root=str(course))))
@@ -396,7 +390,7 @@ def _unreadable_python() -> str:
 
 @pytest.mark.skipif(os.geteuid() != 0 or bool(_unreadable_python()) or bool(namespace_available()),
                     reason="needs root, the namespace sandbox and a Python under a private folder")
-def test_preflight_explains_an_unreadable_python_before_grading(course, tmp_path):
+def test_preflight_explains_an_unreadable_python_before_grading(course, add_release, tmp_path):
     """A course venv made with plain `python -m venv` (symlinks into a mode-700 home): the namespace sandbox
     is refused up front, in one line with the fix, and bubblewrap grades with it."""
     import site
@@ -407,7 +401,7 @@ def test_preflight_explains_an_unreadable_python_before_grading(course, tmp_path
     (site_dir / "course.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     assert (venv / "bin" / "python").is_symlink()
     module = MODULES["01"]
-    assert tito(course, "nbgrader", "generate", "01").returncode == 0
+    add_release(course, "01")
     inbox = write_class(tmp_path / "lms", make_class(module, ["correct"]))
     assert tito(course, "nbgrader", "collect", "01", str(inbox)).returncode == 0
     env = dict(os.environ, PYTHONPATH=str(course), COLUMNS="250")
@@ -463,13 +457,13 @@ def test_generated_config_drives_plain_nbgrader(course, tmp_path):
         assert gb.find_submission(module.slug, "warner").score == total_points(module)
 
 
-def test_exchange_round_trip_then_tito_grades_it(course, tmp_path):
+def test_exchange_round_trip_then_tito_grades_it(course, add_release, tmp_path):
     """JupyterHub's path without a hub: nbgrader release/fetch/submit/collect through the exchange folder."""
     exchange = tmp_path / "exchange"
     exchange.mkdir()
     exchange.chmod(0o777)
     set_settings(course, grading__exchange=str(exchange))
-    assert tito(course, "nbgrader", "generate", "01").returncode == 0
+    add_release(course, "01")
     assert tito(course, "nbgrader", "config").returncode == 0
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
                PYTHONPATH=str(course))
@@ -599,12 +593,12 @@ def _cgroups() -> str:
 
 
 @pytest.mark.skipif(bool(_cgroups()), reason=f"no cgroups here: {_cgroups()}")
-def test_memory_limit_holds_for_all_processes_of_a_submission(course, tmp_path):
+def test_memory_limit_holds_for_all_processes_of_a_submission(course, add_release, tmp_path):
     """Three processes of one submission, each under the per-process limit, together over the submission's: the
     cgroup's limit stops them (before issue 28 one submission held 8 GB with a 4 GB limit)."""
     module = MODULES["02"]
     set_settings(course, grading__memory_gb="2", execution__cell_timeout="90", grading__notebook_timeout="180")
-    assert tito(course, "nbgrader", "generate", "02").returncode == 0
+    add_release(course, "02")
     nb = nbformat.reads(make_class(module, ["correct"])["correct_02_activations.ipynb"], as_version=4)
     nb.cells.insert(3, nbformat.v4.new_code_cell(
         "import subprocess, sys\n"
@@ -627,13 +621,13 @@ def test_memory_limit_holds_for_all_processes_of_a_submission(course, tmp_path):
 # ------------------------------------------------------------------ statuses that say what happened
 
 
-def test_copied_cells_and_an_older_nbformat_are_graded(course, tmp_path):
+def test_copied_cells_and_an_older_nbformat_are_graded(course, add_release, tmp_path):
     """A cell copy-pasted in JupyterLab (its id and nbgrader metadata twice) and a notebook saved as nbformat 4.4 (no
     cell ids) are graded from the student's code, not `failed: SchemaTooOldError`."""
     import copy as _copy
 
     module = MODULES["02"]
-    assert tito(course, "nbgrader", "generate", "02").returncode == 0
+    add_release(course, "02")
     nb = nbformat.reads(make_class(module, ["correct"])["correct_02_activations.ipynb"], as_version=4)
     sol = next(i for i, c in enumerate(nb.cells) if nbs.is_solution_cell(c))
     test = next(i for i, c in enumerate(nb.cells) if nbs.is_test_cell(c))
@@ -656,9 +650,9 @@ def test_copied_cells_and_an_older_nbformat_are_graded(course, tmp_path):
     assert "nbformat 4.4: upgraded" in (course / res["old"]["log"]).read_text()
 
 
-def test_removed_submissions_leave_the_results(course, tmp_path):
+def test_removed_submissions_leave_the_results(course, add_release, tmp_path):
     module = MODULES["02"]
-    assert tito(course, "nbgrader", "generate", "02").returncode == 0
+    add_release(course, "02")
     files = make_class(module, ["correct", "stub"])
     assert tito(course, "nbgrader", "collect", "02", str(write_class(tmp_path / "a", files))).returncode == 0
     assert tito(course, "nbgrader", "autograde", "02").returncode == 0
