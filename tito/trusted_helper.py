@@ -129,8 +129,8 @@ def main() -> int:
 def write_state(path: Path, plan, box, files: dict[str, str], scratch: Path) -> Path:
     """The run's state for its helpers, written once (root-only: `path` is in the pool's scratch folder)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump({"v": STATE_VERSION, "plan": plan, "box": box, "files": files, "scratch": str(scratch)}, f,
+    with os.fdopen(fd, "wb") as state:
+        pickle.dump({"v": STATE_VERSION, "plan": plan, "box": box, "files": files, "scratch": str(scratch)}, state,
                     protocol=pickle.HIGHEST_PROTOCOL)
     return path
 
