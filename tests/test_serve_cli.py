@@ -32,9 +32,12 @@ def test_serve_and_bench_from_the_command_line(tmp_path, python_env):
     save_servable(tmp_path / "gpt.npz", GPT(12, 48, 64, 4, 6, rng=0), vocab=list("abcdefghijkl"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    # started with SIGINT ignored, as a background job is (and as a process whose parent ignores it): Ctrl-C still
+    # drains, stops and exits with 130
     proc = subprocess.Popen([sys.executable, "-m", "tito.main", "serve", str(tmp_path / "digits.npz"),
                              str(tmp_path / "gpt.npz"), "--port", str(port), "--slots", "2"],
-                            env=python_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=python_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         for _ in range(300):
             try:

@@ -844,3 +844,26 @@ def test_export_imports_every_module_in_one_process_and_names_the_first_that_fai
     assert nbs._first_import_failure(tmp_path, ["pkg.a", "pkg.loops", "pkg.b"], 1) == ("pkg.loops", None)
     mod, lines = nbs._first_import_failure(tmp_path, ["pkg.a", "pkg.dies"], 30)
     assert mod == "pkg.dies" and lines[-1].startswith("the importing process ended with exit code 5"), lines
+
+
+def test_an_interrupted_command_gives_the_signal_handlers_back_as_it_found_them():
+    """A tito command run inside a process that goes on (a test's CliRunner, a notebook) leaves SIGINT and SIGTERM as
+    they were, also after an interrupt: `Interrupted` ignores both while cleaning up, and a process started later
+    would inherit the ignored SIGINT (a `tito serve` started from it stopped on Ctrl-C with exit code 0)."""
+    import signal
+
+    import typer
+
+    from tito.ui import Interrupted, handle_errors
+
+    @handle_errors
+    def interrupted():
+        signal.raise_signal(signal.SIGINT)  # tito's handler raises Interrupted, ignoring both signals from then on
+        raise AssertionError("not interrupted")
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(typer.Exit) as e:
+        interrupted()
+    assert e.value.exit_code == 130
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert issubclass(Interrupted, KeyboardInterrupt)

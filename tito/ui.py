@@ -43,6 +43,8 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        main = threading.current_thread() is threading.main_thread()
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
         install_signal_handlers()
         try:
             return fn(*args, **kwargs)
@@ -55,5 +57,12 @@ def handle_errors(fn):
             err.print(f"[bold red]interrupted ({name}):[/] stopped the notebook kernel and every process tito "
                       "had started; your progress was not changed")
             raise typer.Exit(128 + signum)
+        finally:
+            # a command run in a process that goes on (a test's CliRunner, a notebook) gives the signals back as it
+            # found them: `_raise_interrupted` leaves both ignored, and every process started later would inherit that
+            # (a `tito serve` started from it then stopped on Ctrl-C with exit code 0)
+            for sig, handler in before.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     return wrapper

@@ -77,6 +77,7 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
                                            prefix_cache=prefix_cache)
     except (ValueError, OSError) as e:   # CheckpointError is a ValueError
         _fail(str(e))
+    import signal
     import socket
 
     import uvicorn
@@ -95,11 +96,17 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
     typer.echo(f"serving {' and '.join(s for s in served if s)} on http://127.0.0.1:{port} (Ctrl-C drains and stops)")
     config = uvicorn.Config(app_, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=drain_seconds)
+    # uvicorn catches Ctrl-C itself, drains, puts back the handler it found and raises the signal again: Python's
+    # KeyboardInterrupt here, even where this process was started with SIGINT ignored (a background job, a parent that
+    # ignores it), which would otherwise end a Ctrl-C'd server with exit code 0
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises the Ctrl-C it caught, after draining and shutting down
         typer.echo("server stopped (requests in flight were answered)")
         raise typer.Exit(130)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
     typer.echo("server stopped")
 
 
