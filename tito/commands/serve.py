@@ -99,14 +99,18 @@ def start(models: list[Path] = typer.Argument(..., help="servable checkpoint(s) 
     # uvicorn catches Ctrl-C itself, drains, puts back the handler it found and raises the signal again: Python's
     # KeyboardInterrupt here, even where this process was started with SIGINT ignored (a background job, a parent that
     # ignores it), which would otherwise end a Ctrl-C'd server with exit code 0
-    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()   # only the main thread may set a handler
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises the Ctrl-C it caught, after draining and shutting down
         typer.echo("server stopped (requests in flight were answered)")
         raise typer.Exit(130)
     finally:
-        signal.signal(signal.SIGINT, old_handler)
+        if old_handler is not None:   # None: a handler not set from Python, which cannot be put back from here
+            signal.signal(signal.SIGINT, old_handler)
     typer.echo("server stopped")
 
 
